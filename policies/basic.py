@@ -1,0 +1,82 @@
+"""Request-level baselines: ``none`` (one request per batch) and ``static`` (fixed size)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.fifo import RowFifo
+from schedsim.errors import InputError
+from schedsim.policy import NEVER, Decision, Launch, Policy, Requests
+
+
+class NoBatching(Policy):
+    """One request per batch, started as soon as an instance is free, in arrival order."""
+
+    name = "none"
+
+    def reset(self, requests: Requests, instances: int) -> None:
+        super().reset(requests, instances)
+        self._queue = RowFifo(1024)
+
+    def max_batch_samples(self) -> int:
+        return int(self.requests.samples.max()) if hasattr(self, "requests") and len(self.requests) else 1
+
+    def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
+        self._queue.push_range(first, stop)
+
+    def decide(self, now_ns: int, idle: list[int]) -> Decision:
+        take = min(len(idle), len(self._queue))
+        launches = [Launch(inst, self._queue.pop(1)) for inst in idle[:take]]
+        return Decision(launches, wake_on_arrival=len(idle) > take)
+
+
+class StaticBatching(Policy):
+    """Fixed batches of ``batch_size`` requests.
+
+    A batch leaves when ``batch_size`` requests are queued and an instance is idle; the
+    remainder leaves at the end of the trace, or once its oldest request has waited
+    ``max_wait_us`` (0 = wait for a full batch).
+    """
+
+    name = "static"
+
+    def __init__(self, batch_size: int = 8, max_wait_us: int = 0):
+        if int(batch_size) < 1:
+            raise InputError(f"batch_size: {batch_size!r} is not valid; expected an integer >= 1")
+        if int(max_wait_us) < 0:
+            raise InputError(f"max_wait_us: {max_wait_us!r} is not valid; expected an integer >= 0")
+        self.batch_size = int(batch_size)
+        self.max_wait_ns = int(max_wait_us) * 1000
+
+    def max_batch_samples(self) -> int:
+        if hasattr(self, "requests") and len(self.requests):
+            # Largest sum of batch_size consecutive requests' samples.
+            s = np.concatenate([[0], np.cumsum(self.requests.samples, dtype=np.int64)])
+            k = min(self.batch_size, len(self.requests))
+            return int((s[k:] - s[:-k]).max())
+        return self.batch_size
+
+    def reset(self, requests: Requests, instances: int) -> None:
+        super().reset(requests, instances)
+        self._queue = RowFifo(1024)
+        self._ended = False
+
+    def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
+        self._queue.push_range(first, stop)
+
+    def on_trace_end(self, now_ns: int) -> None:
+        self._ended = True
+
+    def decide(self, now_ns: int, idle: list[int]) -> Decision:
+        launches, idle = [], list(idle)
+        while idle and len(self._queue):
+            full = len(self._queue) >= self.batch_size
+            waited = now_ns - int(self.requests.arrival_ns[self._queue.head()])
+            late = self.max_wait_ns and waited >= self.max_wait_ns
+            if not (full or late or self._ended):
+                break
+            launches.append(Launch(idle.pop(0), self._queue.pop(min(self.batch_size, len(self._queue)))))
+        wake = NEVER
+        if len(self._queue) and self.max_wait_ns:
+            wake = int(self.requests.arrival_ns[self._queue.head()]) + self.max_wait_ns
+        return Decision(launches, wake_at_ns=wake, wake_on_arrival=bool(idle))

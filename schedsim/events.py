@@ -1,0 +1,41 @@
+"""The event core: simpy's heap, with a fixed order for simultaneous events.
+
+simpy orders its heap by ``(time, priority, sequence number)``. schedsim schedules every
+event with one of the three priorities below, so at one instant the order is always:
+
+1. completions   (an instance that finishes at t is free for a batch formed at t)
+2. arrivals      (a request that arrives at t can join a batch formed at t)
+3. decisions     (the policy decides once, after everything that happened at t)
+
+The sequence number keeps events of equal time and priority in scheduling order, which
+makes runs deterministic. Time is an integer number of nanoseconds, so ties are exact:
+a request that arrives exactly when the queue delay expires is seen by that decision.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import simpy
+from simpy.events import Event
+
+COMPLETION = 0
+ARRIVAL = 1
+DECISION = 2
+
+
+class Scheduled(Event):
+    """An event that fires ``callback(event)`` after ``delay_ns`` with a fixed priority.
+
+    This is what :class:`simpy.Timeout` does, with the priority made explicit.
+    """
+
+    def __init__(self, env: simpy.Environment, delay_ns: int, priority: int,
+                 callback: Callable[[Event], None], value=None):
+        if delay_ns < 0:
+            raise ValueError(f"negative delay {delay_ns} ns")
+        self.env = env
+        self.callbacks = [callback]
+        self._value = value
+        self._ok = True
+        env.schedule(self, priority, delay_ns)

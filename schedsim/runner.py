@@ -1,0 +1,154 @@
+"""``schedsim run`` as a function: load inputs, check them, simulate, summarise, write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from schedsim.errors import InputError
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one ``schedsim run`` needs."""
+
+    trace: Path
+    """Request trace file."""
+    policy: str = "dynamic"
+    """Built-in policy name, module:Class or file.py:Class."""
+    params: dict = field(default_factory=dict)
+    """Policy parameters given explicitly (override the Triton config)."""
+    profile: Path | None = None
+    """Cost table CSV; None = the bundled default."""
+    triton_config: Path | None = None
+    """Triton config.pbtxt to take dynamic-batcher settings from."""
+    instances: int | None = None
+    """Model instances; None = from the Triton config, else 1."""
+    seed: int = 1
+    """Seed of the first replication."""
+    replications: int = 1
+    """Independent runs with consecutive seeds."""
+    warmup_s: float = 0.0
+    """Requests arriving earlier are left out of every metric."""
+    rate_scale: float = 1.0
+    """Replay at this multiple of the trace's rate."""
+    spread: str = "auto"
+    """Service-time spread: auto, empirical, fitted or none."""
+    extrapolate: bool = False
+    """Allow batch sizes outside the profile's range."""
+    dispatch_overhead_us: float | None = None
+    """Per-batch host overhead; None = the profile's measured value."""
+    out: Path | None = None
+    """Output directory."""
+    plot: bool = False
+    """Write PNG plots into ``out``."""
+
+
+@dataclass
+class RunOutcome:
+    title: str
+    summary: dict
+    results: list
+    written: list = field(default_factory=list)
+
+
+def _check(spec: RunSpec) -> None:
+    if spec.replications < 1:
+        raise InputError(f"--replications: {spec.replications} is not valid; expected an integer >= 1")
+    if spec.warmup_s < 0:
+        raise InputError(f"--warmup-s: {spec.warmup_s} is not valid; expected a number >= 0")
+    if not spec.rate_scale > 0:
+        raise InputError(f"--rate-scale: {spec.rate_scale} is not valid; expected a number > 0")
+    if spec.instances is not None and spec.instances < 1:
+        raise InputError(f"--instances: {spec.instances} is not valid; expected an integer >= 1")
+    if spec.spread not in ("auto", "empirical", "fitted", "none"):
+        raise InputError(f"--spread: {spec.spread!r} is not valid; expected auto, empirical, fitted or none")
+    if spec.dispatch_overhead_us is not None and spec.dispatch_overhead_us < 0:
+        raise InputError(f"--dispatch-overhead-us: {spec.dispatch_overhead_us} is not valid; expected >= 0")
+    if spec.plot and spec.out is None:
+        raise InputError("--plot: needs --out DIR to write the plots into")
+
+
+def policy_params(spec: RunSpec) -> tuple[dict, int]:
+    """Policy keyword arguments and instance count, Triton config first, flags on top."""
+    params, instances = {}, spec.instances
+    if spec.triton_config is not None:
+        from schedsim.triton_config import load_triton_config, to_policy_kwargs
+
+        if spec.policy != "dynamic":
+            raise InputError(f"--triton-config: applies to --policy dynamic, not {spec.policy!r}")
+        cfg = load_triton_config(spec.triton_config)
+        if cfg.max_batch_size == 0:
+            raise InputError(f"{spec.triton_config}: max_batch_size: 0 means the model does not batch; "
+                             "use --policy none")
+        params = to_policy_kwargs(cfg)
+        instances = instances or params.pop("instances")
+        params.pop("instances", None)
+    return params | spec.params, instances or 1
+
+
+def execute(spec: RunSpec) -> RunOutcome:
+    from schedsim.cost import CostModel
+    from schedsim.metrics import combine_replications, summarize
+    from schedsim.plugins import build_policy
+    from schedsim.policy import Requests
+    from schedsim.profile import default_profile_path, load_profile
+    from schedsim.report import write_outputs
+    from schedsim.simulate import simulate
+    from schedsim.trace_io import load_trace, scale_rate
+
+    _check(spec)
+    params, instances = policy_params(spec)
+    policy = build_policy(spec.policy, params)
+    trace = load_trace(spec.trace)
+    if spec.rate_scale != 1.0:
+        trace = scale_rate(trace, spec.rate_scale)
+    profile_path = spec.profile or default_profile_path()
+    cost = CostModel.from_profile(
+        load_profile(profile_path), spread=spec.spread, extrapolate=spec.extrapolate,
+        dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6)
+    requests = Requests.from_trace(trace)
+    policy.reset(requests, instances)
+    largest = policy.max_batch_samples()
+    if largest is not None:
+        seq_lens = np.unique(trace.seq_len) if trace.has_seq_len else ()
+        cost.check_covers(int(largest), seq_lens, what=_size_flag(spec.policy))
+
+    results, summaries = [], []
+    for i in range(spec.replications):
+        result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
+        results.append(result)
+        summaries.append(summarize(result, spec.warmup_s))
+    summary = summaries[0] if len(summaries) == 1 else (
+        combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
+                                           "utilization": summaries[0]["utilization"]})
+    summary["config"] = {
+        "trace": str(spec.trace), "policy": spec.policy, "params": _plain(params),
+        "profile": str(profile_path), "instances": instances, "seed": spec.seed,
+        "replications": spec.replications, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale,
+        "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
+    }
+    title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
+             f"{instances} instance{'s' if instances > 1 else ''}, profile {Path(profile_path).name}")
+    outcome = RunOutcome(title, summary, results)
+    if spec.out is not None:
+        outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
+                                        spec.warmup_s)
+    return outcome
+
+
+def _size_flag(policy: str) -> str:
+    return {"static": "--batch-size", "none": "the trace's batch column"}.get(policy, "--max-batch-size")
+
+
+def _plain(params: dict) -> dict:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            value = {str(k): getattr(v, "__dict__", v) for k, v in value.items()}
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[key] = value
+    return out

@@ -1,0 +1,207 @@
+"""Golden decision logs: small hand-made scenarios, the exact batch sequence asserted.
+
+Each dynamic-batcher test names the rule of Triton's decision it pins down
+(policies/dynamic.py and docs/background/triton-dynamic-batcher.md).
+"""
+
+import numpy as np
+import pytest
+
+from golden import run
+from policies import DynamicBatcher, NoBatching, StaticBatching
+from schedsim.errors import InputError
+
+
+def launch(t, inst, rows):
+    return (t, "launch", inst, rows)
+
+
+# --- none and static ---------------------------------------------------------------------
+
+def test_none_serves_one_request_per_batch_in_arrival_order():
+    log, _ = run([0, 0, 0.5, 3], NoBatching(), service_ms=1.0)
+    assert log == [launch(0, 0, [0]), launch(1, 0, [1]), launch(2, 0, [2]), launch(3, 0, [3])]
+
+
+def test_none_uses_the_lowest_idle_instance_first():
+    log, _ = run([0, 0, 0, 0.5], NoBatching(), service_ms=1.0, instances=2)
+    assert log == [launch(0, 0, [0]), launch(0, 1, [1]), launch(1, 0, [2]), launch(1, 1, [3])]
+
+
+def test_static_waits_for_a_full_batch_and_flushes_the_remainder_at_trace_end():
+    log, _ = run([0, 1, 2, 3, 4], StaticBatching(batch_size=3), service_ms=0.5)
+    assert log == [launch(2, 0, [0, 1, 2]), launch(4, 0, [3, 4])]
+
+
+def test_static_sends_a_partial_batch_after_max_wait():
+    log, _ = run([0, 1, 2, 3, 10, 20], StaticBatching(batch_size=3, max_wait_us=1500), service_ms=0.5)
+    # The head waits 1.5 ms at most; the last request leaves at trace end (20 ms).
+    assert log == [launch(1.5, 0, [0, 1]), launch(3.5, 0, [2, 3]), launch(11.5, 0, [4]),
+                   launch(20, 0, [5])]
+
+
+def test_static_waits_for_an_instance():
+    log, _ = run([0, 0, 0, 0, 0, 0], StaticBatching(batch_size=2), service_ms=5)
+    assert log == [launch(0, 0, [0, 1]), launch(5, 0, [2, 3]), launch(10, 0, [4, 5])]
+
+
+# --- dynamic: the decision -----------------------------------------------------------------
+
+def test_dynamic_no_preferred_waits_for_the_delay_measured_from_the_oldest_request():
+    # Rule 3: no preferred sizes (Triton treats it as [max_batch_size]); the batch leaves
+    # when the head has waited the delay, not when the newest request has.
+    log, _ = run([0, 0.2, 0.4, 5.0], DynamicBatcher(max_batch_size=4, max_queue_delay_us=1000),
+                 service_ms=0.5)
+    assert log == [launch(1.0, 0, [0, 1, 2]), launch(6.0, 0, [3])]
+
+
+def test_dynamic_sends_at_once_when_max_batch_size_is_queued():
+    # Rule 2: the walk hits max_batch_size: send without waiting for the delay.
+    log, _ = run([0, 0.1, 0.2, 0.3, 0.4], DynamicBatcher(max_batch_size=4, max_queue_delay_us=10_000),
+                 service_ms=0.5)
+    assert log == [launch(0.3, 0, [0, 1, 2, 3]), launch(10.4, 0, [4])]
+
+
+def test_dynamic_sends_a_preferred_size_as_soon_as_it_forms():
+    # Rule 1: the running total equals a preferred size and the delay has not expired.
+    log, _ = run([0, 1, 2, 3], DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(2, 4),
+                                              max_queue_delay_us=10_000), service_ms=0.5)
+    assert log == [launch(1, 0, [0, 1]), launch(3, 0, [2, 3])]
+
+
+def test_dynamic_best_is_marked_where_the_next_request_would_pass_the_largest_preferred():
+    # Preferred [4]; request 0 carries 3 samples, request 1 carries 2: 3 + 2 > 4 with no
+    # preferred hit yet, so best = 3 samples (request 0) leaves at once when 1 arrives.
+    log, _ = run([0, 1, 30], DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(4,),
+                                            max_queue_delay_us=10_000),
+                 service_ms=0.5, batch=[3, 2, 1])
+    assert log == [launch(1, 0, [0]), launch(11, 0, [1]), launch(40, 0, [2])]
+
+
+def _busy_then_five(delay_us):
+    # Row 0 (3 samples = preferred) leaves at once and runs 10 ms; rows 1..5 queue meanwhile.
+    policy = DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(3,), max_queue_delay_us=delay_us)
+    return run([0, 1, 2, 3, 4, 5], policy, service_ms=lambda s: 10 if s == 3 else 1,
+               batch=[3, 1, 1, 1, 1, 1])[0]
+
+
+def test_dynamic_before_the_delay_sends_exactly_the_preferred_size():
+    # Rule 1 at 10 ms: the walk hits 3 (rows 1..3); the head has waited 9 ms < 50 ms.
+    # Then [4, 5] (2 < 3 samples) wait for the delay from row 4 (4 ms + 50 ms).
+    assert _busy_then_five(50_000) == [launch(0, 0, [0]), launch(10, 0, [1, 2, 3]), launch(54, 0, [4, 5])]
+
+
+def test_dynamic_after_the_delay_a_batch_may_exceed_the_largest_preferred_size():
+    # Rule 2 at 10 ms: the head has waited 9 ms >= 5 ms, so best is ignored and all five
+    # walked requests leave, above the largest preferred size.
+    assert _busy_then_five(5000) == [launch(0, 0, [0]), launch(10, 0, [1, 2, 3, 4, 5])]
+
+
+def test_dynamic_cuts_the_batch_at_a_different_seq_len():
+    # Rule 2 via a shape change: [0, 1] (seq 128) leave at once when row 2 (seq 256) arrives.
+    log, _ = run([0, 1, 2, 50], DynamicBatcher(max_batch_size=8, max_queue_delay_us=10_000),
+                 service_ms=0.5, seq_len=[128, 128, 256, 256])
+    assert log == [launch(2, 0, [0, 1]), launch(12, 0, [2]), launch(60, 0, [3])]
+
+
+def test_dynamic_with_zero_delay_sends_whatever_is_queued_when_an_instance_frees():
+    log, _ = run([0, 0.1, 0.2, 0.3, 5], DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(4,)),
+                 service_ms=1.0)
+    assert log == [launch(0, 0, [0]), launch(1, 0, [1, 2, 3]), launch(5, 0, [4])]
+
+
+def test_dynamic_counts_samples_not_requests():
+    # max_batch_size 4 samples: 2 + 2 fills it, the next request waits.
+    log, _ = run([0, 0.1, 0.2], DynamicBatcher(max_batch_size=4, max_queue_delay_us=10_000),
+                 service_ms=1.0, batch=[2, 2, 1])
+    assert log == [launch(0.1, 0, [0, 1]), launch(10.2, 0, [2])]
+
+
+def test_dynamic_each_idle_instance_takes_the_next_batch():
+    log, _ = run([0, 0, 0, 0, 0], DynamicBatcher(max_batch_size=2), service_ms=1.0, instances=2)
+    assert log == [launch(0, 0, [0, 1]), launch(0, 1, [2, 3]), launch(1, 0, [4])]
+
+
+def test_dynamic_request_above_max_batch_size_is_bad_input():
+    with pytest.raises(InputError, match="trace row 2: batch 9 exceeds max_batch_size 8"):
+        run([0, 1], DynamicBatcher(max_batch_size=8), batch=[1, 9])
+
+
+# --- dynamic: prefetch ------------------------------------------------------------------------
+
+def test_prefetch_forms_batches_while_the_instance_is_busy():
+    # Instance busy with [0] until 10 ms. With prefetch, [1, 2] saturate at preferred size 2
+    # while it is busy and [3, 4] form next; the instance takes [1, 2] at 10 ms.
+    kwargs = dict(max_batch_size=8, preferred_batch_sizes=(2, 4), max_queue_delay_us=50_000)
+    arrivals = [0, 0.5, 1, 2, 3, 4]
+    cost = lambda s: 10 if s == 2 else 1  # noqa: E731
+    without, _ = run(arrivals, DynamicBatcher(**kwargs), service_ms=cost)
+    with_prefetch, _ = run(arrivals, DynamicBatcher(**kwargs, prefetch=True), service_ms=cost)
+    assert without == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3, 4, 5])]
+    assert with_prefetch == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3]), launch(20.5, 0, [4, 5])]
+
+
+def test_prefetch_merges_queued_batches_when_the_head_is_stale():
+    # Same arrivals, delay 5 ms: at 10.5 ms the formed [2, 3] is older than the delay and not
+    # full, so the next formed batch [4, 5] is merged into it.
+    kwargs = dict(max_batch_size=8, preferred_batch_sizes=(2, 4), max_queue_delay_us=5000, prefetch=True)
+    log, _ = run([0, 0.5, 1, 2, 3, 4], DynamicBatcher(**kwargs), service_ms=lambda s: 10 if s == 2 else 1)
+    assert log == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3, 4, 5])]
+
+
+# --- dynamic: queue policies ----------------------------------------------------------------
+
+def test_priority_level_one_is_served_first():
+    policy = DynamicBatcher(max_batch_size=1, priority_levels=2, default_priority_level=2)
+    log, _ = run([0, 1, 2, 3], policy, service_ms=10, priority=[0, 2, 0, 1])
+    # [0] runs; at 10 ms rows 1 (level 2), 2 (level 2 by default) and 3 (level 1) wait.
+    assert log == [launch(0, 0, [0]), launch(10, 0, [3]), launch(20, 0, [1]), launch(30, 0, [2])]
+
+
+def test_a_batch_walks_across_priority_levels_in_order():
+    policy = DynamicBatcher(max_batch_size=3, priority_levels=2)
+    log, _ = run([0, 1, 2, 3, 4], policy, service_ms=10, priority=[1, 2, 2, 1, 1])
+    assert log == [launch(0, 0, [0]), launch(10, 0, [3, 4, 1]), launch(20, 0, [2])]
+
+
+def test_max_queue_size_rejects_arrivals_to_a_full_queue():
+    policy = DynamicBatcher(max_batch_size=1, max_queue_size=2)
+    log, result = run([0, 1, 2, 3, 4], policy, service_ms=10)
+    # [0] runs at once; rows 1, 2 queue; rows 3, 4 find the queue full.
+    assert ("launch" , [0]) == (log[0][1], log[0][3])
+    assert [entry for entry in log if entry[1] == "queue_full"] == [(10, "queue_full", -1, [3, 4])]
+    assert [e[3] for e in log if e[1] == "launch"] == [[0], [1], [2]]
+    assert result.status.tolist() == [2, 2, 2, 3, 3]
+
+
+def test_timeout_reject_answers_at_the_deadline():
+    policy = DynamicBatcher(max_batch_size=1, default_timeout_us=3000, timeout_action="REJECT")
+    log, result = run([0, 1, 2], policy, service_ms=10)
+    # Rows 1 and 2 expire at 4 and 5 ms while [0] runs: each rejected at its deadline.
+    assert log == [launch(0, 0, [0]), (4, "timeout", -1, [1]), (5, "timeout", -1, [2])]
+    assert (result.end_ns[1:] == np.array([4, 5]) * 1_000_000).all()
+
+
+def test_timeout_delay_moves_expired_requests_behind_the_others():
+    policy = DynamicBatcher(max_batch_size=1, default_timeout_us=3000, timeout_action="DELAY")
+    log, _ = run([0, 1, 9], policy, service_ms=10)
+    # Row 1 expires at 4 ms and goes behind row 2 (unexpired at 10 ms).
+    assert log == [launch(0, 0, [0]), launch(10, 0, [2]), launch(20, 0, [1])]
+
+
+def test_request_timeout_overrides_the_default_only_when_allowed():
+    strict = DynamicBatcher(max_batch_size=1, default_timeout_us=50_000)
+    log, _ = run([0, 1], strict, service_ms=10, timeout_us=[0, 2000])
+    assert [e[1] for e in log] == ["launch", "launch"]
+    allowed = DynamicBatcher(max_batch_size=1, default_timeout_us=50_000, allow_timeout_override=True)
+    log, _ = run([0, 1], allowed, service_ms=10, timeout_us=[0, 2000])
+    assert log == [launch(0, 0, [0]), (3, "timeout", -1, [1])]
+
+
+def test_preserve_ordering_holds_responses_until_earlier_ones_left():
+    cost = lambda s: 10 if s == 2 else 1  # noqa: E731
+    plain, r1 = run([0, 0, 0.5], DynamicBatcher(max_batch_size=2), service_ms=cost, instances=2)
+    ordered, r2 = run([0, 0, 0.5], DynamicBatcher(max_batch_size=2, preserve_ordering=True),
+                      service_ms=cost, instances=2)
+    assert plain == ordered == [launch(0, 0, [0, 1]), launch(0.5, 1, [2])]
+    assert r1.end_ns[2] == 1_500_000 and r2.end_ns[2] == 10_000_000
