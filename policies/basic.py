@@ -1,10 +1,12 @@
-"""Request-level baselines: ``none`` (one request per batch) and ``static`` (fixed size)."""
+"""Request-level baselines: ``none`` (one request per batch) and ``static`` (fixed size).
+
+Neither drops requests, so the queue is always the consecutive rows [head, tail).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from policies.fifo import RowFifo
 from schedsim.errors import InputError
 from schedsim.policy import NEVER, Decision, Launch, Policy, Requests
 
@@ -16,17 +18,18 @@ class NoBatching(Policy):
 
     def reset(self, requests: Requests, instances: int) -> None:
         super().reset(requests, instances)
-        self._queue = RowFifo(1024)
+        self._head = self._tail = 0
 
     def max_batch_samples(self) -> int:
         return int(self.requests.samples.max()) if hasattr(self, "requests") and len(self.requests) else 1
 
     def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
-        self._queue.push_range(first, stop)
+        self._tail = stop
 
     def decide(self, now_ns: int, idle: list[int]) -> Decision:
-        take = min(len(idle), len(self._queue))
-        launches = [Launch(inst, self._queue.pop(1)) for inst in idle[:take]]
+        take = min(len(idle), self._tail - self._head)
+        launches = [Launch(inst, range(self._head + i, self._head + i + 1)) for i, inst in enumerate(idle[:take])]
+        self._head += take
         return Decision(launches, wake_on_arrival=len(idle) > take)
 
 
@@ -58,25 +61,32 @@ class StaticBatching(Policy):
 
     def reset(self, requests: Requests, instances: int) -> None:
         super().reset(requests, instances)
-        self._queue = RowFifo(1024)
+        self._head = self._tail = 0
         self._ended = False
 
     def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
-        self._queue.push_range(first, stop)
+        self._tail = stop
 
     def on_trace_end(self, now_ns: int) -> None:
         self._ended = True
 
     def decide(self, now_ns: int, idle: list[int]) -> Decision:
         launches, idle = [], list(idle)
-        while idle and len(self._queue):
-            full = len(self._queue) >= self.batch_size
-            waited = now_ns - int(self.requests.arrival_ns[self._queue.head()])
-            late = self.max_wait_ns and waited >= self.max_wait_ns
-            if not (full or late or self._ended):
+        arrival = self.requests.arrival_ns
+        while idle and self._tail > self._head:
+            queued = self._tail - self._head
+            late = self.max_wait_ns and now_ns - int(arrival[self._head]) >= self.max_wait_ns
+            if not (queued >= self.batch_size or late or self._ended):
                 break
-            launches.append(Launch(idle.pop(0), self._queue.pop(min(self.batch_size, len(self._queue)))))
+            take = min(self.batch_size, queued)
+            launches.append(Launch(idle.pop(0), range(self._head, self._head + take)))
+            self._head += take
+        queued = self._tail - self._head
         wake = NEVER
-        if len(self._queue) and self.max_wait_ns:
-            wake = int(self.requests.arrival_ns[self._queue.head()]) + self.max_wait_ns
-        return Decision(launches, wake_at_ns=wake, wake_on_arrival=bool(idle))
+        if queued and self.max_wait_ns:
+            # Past due (every instance busy): the next completion decides instead.
+            wake = int(arrival[self._head]) + self.max_wait_ns
+            wake = wake if wake > now_ns else NEVER
+        # With a max wait, the next arrival may start the head's clock; else only a full batch matters.
+        need = max(self.batch_size - queued, 1) if queued or not self.max_wait_ns else 1
+        return Decision(launches, wake_at_ns=wake, wake_on_arrival=bool(idle), arrivals_needed=need)

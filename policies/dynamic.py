@@ -25,6 +25,7 @@ the deadline (Triton checks lazily; the difference is at most its wake-up interv
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -70,8 +71,12 @@ class _Payload:
 
     rows: list = field(default_factory=list)
     samples: int = 0
+    seq_len: int = 0
     oldest_ns: int = NEVER
     open: bool = True
+    """Still growing: Triton's batcher has not set payload_saturated_."""
+    shape_cut: bool = False
+    """Cut by a request of another shape (Triton's Payload::MarkSaturated): never merged."""
 
 
 class DynamicBatcher(Policy):
@@ -111,6 +116,7 @@ class DynamicBatcher(Policy):
         self.preserve_ordering = bool(preserve_ordering)
         self._preferred = np.array(self.preferred_batch_sizes, dtype=np.int64)
         self._max_preferred = int(self._preferred[-1])
+        self._preferred_list = list(self.preferred_batch_sizes)
         self._is_preferred = np.zeros(self.max_batch_size + 1, dtype=bool)
         self._is_preferred[self._preferred] = True
 
@@ -148,9 +154,16 @@ class DynamicBatcher(Policy):
         self._formed: deque[_Payload] = deque()
         self._rejects: list[Reject] = []
         self._n = n
+        # With one level, no queue limit and no timeouts nothing leaves the queue out of
+        # order, so the queue is the consecutive rows [head, tail): two integers.
+        self._contiguous = levels == 1 and not self._limited and self._deadline is None
+        self._head = self._tail = 0
+        self._need = 1
+        self._shape_cut = False  # whether the last walk stopped at a request of another shape
         # Closed-form walk when no request can cut a batch early (one sample, one shape).
         self._unit = bool(n == 0 or ((requests.samples == 1).all()
                                      and (requests.seq_len == requests.seq_len[0]).all()))
+        self._fast = self._contiguous and self._unit and not self.prefetch
 
     def _deadlines(self, requests: Requests):
         qps = self._qpolicy
@@ -164,6 +177,9 @@ class DynamicBatcher(Policy):
         return deadline if (deadline < NEVER).any() else None
 
     def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
+        if self._contiguous:
+            self._tail = stop
+            return
         if self._level is None and not self._limited:
             self._main[0].push_range(first, stop)
             return
@@ -182,11 +198,14 @@ class DynamicBatcher(Policy):
             self._main[l].push(mine)
 
     def decide(self, now_ns: int, idle: list[int]) -> Decision:
+        if self._fast:
+            return self._decide_fast(now_ns, idle)
         idle = list(idle)
         if self._deadline is not None:
             self._expire(now_ns)
         launches: list[Launch] = []
         wake = NEVER
+        self._need = 1
         if self.prefetch:
             wake = self._decide_prefetch(now_ns, idle, launches)
         else:
@@ -203,44 +222,82 @@ class DynamicBatcher(Policy):
                 bool(self._formed) and self._formed[-1].open)
         else:
             wants = bool(idle)
-        # A request with a deadline must be seen when it arrives, to wake up at its deadline.
-        wants = wants or self._deadline is not None
-        return Decision(launches, rejects, wake if self._queued() or self._formed else NEVER, wants)
+        # A request with a deadline must be seen when it arrives, to wake up at its deadline;
+        # with a queue limit, to be rejected at its arrival time.
+        wants = wants or self._deadline is not None or self._limited
+        return Decision(launches, rejects, wake if self._queued() or self._formed else NEVER, wants,
+                        self._need)
+
+    def _decide_fast(self, now_ns: int, idle: list[int]) -> Decision:
+        """``decide`` for the common case, in plain integers: one queue of consecutive rows,
+        one sample and one shape each, no timeouts, no prefetch. Same answers as the general
+        path (tests/test_properties.py compares them); with a payload of 0 the walk's
+        "would pass the largest preferred size" mark always coincides with a preferred hit.
+        """
+        head, tail = self._head, self._tail
+        idle = list(idle)
+        launches = []
+        wake, need = NEVER, 1
+        preferred, delay = self._preferred_list, self.max_queue_delay_ns
+        while idle and tail > head:
+            queued = tail - head
+            send_now = queued > self.max_batch_size
+            walked = self.max_batch_size if send_now else queued
+            i = bisect_right(preferred, walked)
+            oldest = int(self.requests.arrival_ns[head])
+            expired = delay > 0 and now_ns - oldest >= delay
+            if i and not expired:
+                take = preferred[i - 1]                                   # rule 1
+            elif send_now or walked >= self._max_preferred or expired or delay == 0:
+                take = walked                                             # rules 2 and 3
+            else:
+                wake, need = oldest + delay, preferred[i] - walked        # rule 4
+                break
+            launches.append(Launch(idle.pop(0), range(head, head + take)))
+            head += take
+        self._head = head
+        return Decision(launches, [], wake, bool(idle), need)
 
     # --- forming a batch ------------------------------------------------------------------
 
-    def _form(self, now_ns: int, payload: int) -> tuple[int, int, bool]:
-        """Decide as GetDynamicBatch does, on top of ``payload`` samples already formed.
+    def _form(self, now_ns: int, payload: int, payload_seq: int = 0) -> tuple[int, int, bool]:
+        """Decide as GetDynamicBatch does, on top of ``payload`` samples already formed
+        (of seq_len ``payload_seq``).
 
-        Returns (requests to take now, wake-up time if none, whether the batch is saturated).
+        Returns (requests to take now, wake-up time if none, whether the batch is saturated,
+        Triton's ``payload_saturated_``: a saturated batch stops growing).
         """
         if self._unit:
-            walked, send_now, best = self._walk_unit(payload)
+            walked, send_now, best, marked = self._walk_unit(payload)
             walked_total = payload + walked
         else:
-            walked, send_now, best, walked_total = self._walk(payload)
+            walked, send_now, best, walked_total, marked = self._walk(payload, payload_seq)
         delay = self.max_queue_delay_ns
         oldest = self._oldest_ns()
         expired = delay > 0 and now_ns - oldest >= delay
         if best and not expired:
-            return best, NEVER, True
+            return best, NEVER, marked or delay == 0                  # rule 1
         if walked == 0:
-            return 0, NEVER, False
+            return 0, NEVER, marked
         if send_now or walked_total >= self._max_preferred:
-            return walked, NEVER, True
+            return walked, NEVER, True                                # rule 2
         if expired or delay == 0:
-            return walked, NEVER, False
+            return walked, NEVER, marked                              # rule 3
         if payload and payload not in self.preferred_batch_sizes:
             # Triton moves what it has into a growing payload so an instance that frees up
             # takes the largest batch available, even if not preferred.
-            return walked, NEVER, False
-        return 0, oldest + delay, False
+            return walked, NEVER, marked
+        if self._unit:
+            # Nothing changes before the queue reaches the next preferred size.
+            self._need = self._preferred_list[bisect_right(self._preferred_list, walked_total)] - walked_total
+        return 0, oldest + delay, marked                              # rule 4: wait
 
-    def _walk(self, payload: int) -> tuple[int, bool, int, int]:
+    def _walk(self, payload: int, payload_seq: int) -> tuple[int, bool, int, int, bool]:
         """The queue walk, vectorised over the first max_batch_size queued requests.
 
         Returns (requests walked, whether the walk was cut by size or shape, best in
-        requests or 0, samples after the walk including ``payload``).
+        requests or 0, samples after the walk including ``payload``, whether the "would
+        pass the largest preferred size" mark was taken).
         """
         req = self.requests
         window = self._window()
@@ -248,39 +305,52 @@ class DynamicBatcher(Policy):
         total = payload + np.cumsum(samples)               # total after adding request k
         checked = total - samples > 0                      # request k joins a non-empty batch
         seq = req.seq_len[window]
-        stop = checked & ((total > self.max_batch_size) | (seq != seq[0]))
+        shape = payload_seq if payload else seq[0]         # the batch's shape, set by its first request
+        stop = checked & ((total > self.max_batch_size) | (seq != shape))
         send_now = bool(stop.any())
         walked = int(stop.argmax()) if send_now else len(window)
+        self._shape_cut = send_now and total[walked] <= self.max_batch_size
         if not send_now and len(window) < self._queued_count():
             send_now = True  # the window holds max_batch_size requests: the next cannot fit
         hits = np.flatnonzero(self._is_preferred[total[:walked]])
+        walked_total = int(total[walked - 1]) if walked else payload
         if hits.size:
-            best = int(hits[-1]) + 1
-        else:
-            # The "would pass the largest preferred size" mark is also taken at the request
-            # that stops the walk, since Triton checks it first.
-            seen = walked + 1 if send_now and walked < len(window) else walked
-            over = np.flatnonzero(checked[:seen] & (total[:seen] > self._max_preferred))
-            best = int(over[0]) if over.size else 0
-        return walked, send_now, best, int(total[walked - 1]) if walked else payload
+            return walked, send_now, int(hits[-1]) + 1, walked_total, False
+        # The mark is also taken at the request that stops the walk (Triton checks it
+        # first). At request 0 on top of a payload nothing is pending, so best stays 0 and
+        # the next request marks again.
+        seen = walked + 1 if send_now and walked < len(window) else walked
+        over = np.flatnonzero(checked[:seen] & (total[:seen] > self._max_preferred))
+        if not over.size:
+            return walked, send_now, 0, walked_total, False
+        best = int(over[0]) if over[0] > 0 else (int(over[1]) if over.size > 1 else 0)
+        return walked, send_now, best, walked_total, True
 
-    def _walk_unit(self, payload: int) -> tuple[int, bool, int]:
+    def _walk_unit(self, payload: int) -> tuple[int, bool, int, bool]:
         """The same walk in closed form when every request is one sample of one shape."""
+        self._shape_cut = False
         queued = self._queued_count()
         room = self.max_batch_size - payload
         send_now = queued > room
         walked = room if send_now else queued
-        hits = self._preferred[(self._preferred > payload) & (self._preferred <= payload + walked)]
-        if hits.size:
-            return walked, send_now, int(hits[-1]) - payload
-        k = self._max_preferred - payload  # index of the request that would pass it
+        preferred = self._preferred_list
+        i = bisect_right(preferred, payload + walked)
+        if i and preferred[i - 1] > payload:
+            return walked, send_now, preferred[i - 1] - payload, False
+        # No preferred hit: the first request that passes the largest preferred size marks
+        # (with a hit, a preferred size would have been reached first).
+        first_over = max(self._max_preferred - payload, 0)
         seen = walked + 1 if send_now else walked
-        best = k if 0 <= k < seen and payload + k > 0 else 0
-        return walked, send_now, best
+        if first_over >= seen or (payload == 0 and first_over == 0):
+            return walked, send_now, 0, False
+        best = max(first_over, 1)
+        return walked, send_now, best if best < seen else 0, True
 
     def _window(self) -> np.ndarray:
         """Up to max_batch_size queued rows in walk order (priority, then delayed, then FIFO)."""
         k = self.max_batch_size
+        if self._contiguous:
+            return np.arange(self._head, min(self._tail, self._head + k))
         if len(self._queues) == 2 and not len(self._delayed[0]):
             return self._main[0].peek(k)
         parts, left = [], k
@@ -291,7 +361,10 @@ class DynamicBatcher(Policy):
                 left -= len(part)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    def _pop(self, k: int) -> np.ndarray:
+    def _pop(self, k: int) -> np.ndarray | range:
+        if self._contiguous:
+            self._head += k
+            return range(self._head - k, self._head)
         if len(self._queues) == 2 and not len(self._delayed[0]):
             return self._main[0].pop(k)
         parts = []
@@ -303,13 +376,19 @@ class DynamicBatcher(Policy):
         return np.concatenate(parts)
 
     def _queued(self) -> bool:
+        if self._contiguous:
+            return self._tail > self._head
         return any(len(q) for q in self._queues)
 
     def _queued_count(self) -> int:
+        if self._contiguous:
+            return self._tail - self._head
         return sum(len(q) for q in self._queues)
 
     def _oldest_ns(self) -> int:
         arrival = self.requests.arrival_ns
+        if self._contiguous:
+            return int(arrival[self._head])
         return min(int(arrival[q.head()]) for q in self._queues if len(q))
 
     # --- prefetch ----------------------------------------------------------------------
@@ -325,27 +404,39 @@ class DynamicBatcher(Policy):
                 tail = self._formed[-1] if self._formed and self._formed[-1].open else None
                 if tail is None and len(self._formed) >= slots:
                     break
-                take, wake, saturated = self._form(now_ns, tail.samples if tail else 0)
+                take, wake, saturated = self._form(now_ns, tail.samples if tail else 0,
+                                                   tail.seq_len if tail else 0)
                 if not take:
                     break
                 if tail is None:
                     tail = _Payload()
                     self._formed.append(tail)
-                rows = self._pop(take)
+                rows = np.asarray(self._pop(take))
                 tail.rows.append(rows)
+                tail.seq_len = int(self.requests.seq_len[rows[0]]) if not tail.samples else tail.seq_len
                 tail.samples += int(self.requests.samples[rows].sum())
                 tail.oldest_ns = min(tail.oldest_ns, int(self.requests.arrival_ns[rows].min()))
                 tail.open = not saturated and tail.samples < self.max_batch_size
+                tail.shape_cut = tail.shape_cut or self._shape_cut
             if not (idle and self._formed):
                 return wake
 
     def _take_formed(self, now_ns: int) -> np.ndarray:
+        """An instance takes the oldest formed batch; stale ones behind it may join.
+
+        As InstanceQueue::Dequeue: with a delay set, while the next formed batch has waited
+        longer than the delay (from its oldest request), fits under max_batch_size, and
+        neither was cut by a shape change, it is merged in.
+        """
         batch = self._formed.popleft()
         delay = self.max_queue_delay_ns
-        # An instance taking a stale, unfilled batch merges the next formed ones into it.
-        if delay and now_ns - batch.oldest_ns >= delay:
-            while self._formed and batch.samples + self._formed[0].samples <= self.max_batch_size:
-                nxt = self._formed.popleft()
+        if delay and self.max_batch_size > 1 and not batch.shape_cut:
+            while self._formed:
+                nxt = self._formed[0]
+                if nxt.shape_cut or now_ns - nxt.oldest_ns <= delay \
+                        or batch.samples + nxt.samples > self.max_batch_size or nxt.seq_len != batch.seq_len:
+                    break
+                self._formed.popleft()
                 batch.rows.extend(nxt.rows)
                 batch.samples += nxt.samples
         return np.concatenate(batch.rows)

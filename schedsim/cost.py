@@ -31,6 +31,9 @@ class CostModel:
       one fitted through the table's percentiles and shifted to its mean, "fitted");
       between cells the quantile functions are interpolated at the same u, so a draw
       at a given u never decreases with batch size when the cells are ordered;
+    - sequence length: a batch's ``seq_len`` (the longest in the batch, as the driver pads)
+      selects the grid row; tables without seq_len ignore it; ``seq_len`` 0 means "not
+      given" and uses the profile's seq_len when it measured only one, else is refused;
     - a constant per-batch host dispatch overhead, added to every batch;
     - optionally (``extrapolate=True``) linear extrapolation beyond the measured range
       from the last two points, never below the smallest measured latency.
@@ -167,21 +170,28 @@ class CostModel:
         idx = x.astype(np.int64)
         f = x - idx
         g = 1.0 - f
-        pairs, inverse = np.unique(np.stack([samples, seq_len], axis=1), axis=0, return_inverse=True)
+        b64, s64 = samples.astype(np.int64), seq_len.astype(np.int64)
+        if (b64 != samples).any() or (s64 != seq_len).any() or (b64 < 0).any() or (s64 < 0).any():
+            raise ValueError("samples and seq_len must be non-negative integers")
+        keys, inverse = np.unique((b64 << 32) | s64, return_inverse=True)  # one int64 key per pair
         inverse = inverse.ravel()
-        for k, (b, s) in enumerate(pairs.tolist()):
-            m = inverse == k
-            e = self._entries.get((b, s)) or self._entry(b, s)
-            if e[2] is None:
-                out[m] = e[1]
-                continue
-            i, ff, gg = idx[m], f[m], g[m]
-            q0 = np.asarray(e[2])
-            v = gg * q0[i] + ff * q0[i + 1]
-            if e[3] is not None:
-                q1 = np.asarray(e[3])
-                v = (1.0 - e[4]) * v + e[4] * (gg * q1[i] + ff * q1[i + 1])
-            out[m] = v
+        entries = [self._entries.get((b, s)) or self._entry(b, s)
+                   for b, s in zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).tolist())]
+        is_const = np.array([e[2] is None for e in entries])
+        const = np.array([e[1] if e[2] is None else 0.0 for e in entries])
+        zero = np.zeros(QUANTILE_POINTS)
+        g0 = np.stack([zero if e[2] is None else np.asarray(e[2]) for e in entries])
+        v = g * g0[inverse, idx] + f * g0[inverse, idx + 1]
+        blended = np.array([e[3] is not None for e in entries])
+        if blended.any():
+            g1 = np.stack([np.asarray(e[3]) if e[3] is not None else zero for e in entries])
+            w = np.array([e[4] for e in entries])[inverse]
+            m = blended[inverse]
+            r, ii = inverse[m], idx[m]
+            v[m] = (1.0 - w[m]) * v[m] + w[m] * (g[m] * g1[r, ii] + f[m] * g1[r, ii + 1])
+        c = is_const[inverse]
+        v[c] = const[inverse[c]]
+        out[:] = v
         return out
 
     def covers(self, samples: int, seq_len: int = 0) -> bool:
@@ -216,7 +226,7 @@ class CostModel:
             return
         smin, smax = self._clamp(int(arr.min())), self._clamp(int(arr.max()))
         slo, shi = self._s[0], self._s[-1]
-        if smin == 0:
+        if smin == 0:  # only reached with several measured seq_lens (see _clamp)
             raise InputError(f"profile {src} depends on seq_len (measured {slo}..{shi}), but {seq_what} has "
                              "requests without a seq_len (0); give every request a seq_len")
         if smax > shi:
@@ -261,12 +271,17 @@ class CostModel:
         return out
 
     def _clamp(self, seq_len: int) -> int:
+        """The seq_len to look up: truncated to max_seq_len; 0 ("not given") is the
+        measured seq_len when the profile has only one, and stays 0 (uncovered) otherwise."""
         if self.max_seq_len is not None and seq_len > self.max_seq_len:
             return self.max_seq_len
+        if seq_len == 0 and len(self._s) == 1:
+            return self._s[0]
         return seq_len
 
     def _row(self, j: int, b: int):
-        """(mean_ms, grid_ms or None) at seq row j and batch b, interpolated along batch."""
+        """(mean_ms, grid_ms, grid_s) at seq row j and batch b, interpolated along batch;
+        grid_s (seconds, overhead included) is a memoryview shared by every entry that uses it."""
         key = (j, b)
         r = self._rows.get(key)
         if r is not None:
@@ -280,7 +295,7 @@ class CostModel:
             grid = _lerp_along(grids[j, i0], grids[j, i1], w, inside, floor=grids[j].min(axis=0))
             if not inside:
                 grid = np.maximum.accumulate(grid)  # extrapolated spreads may cross; keep Q monotone
-        r = (mean, grid)
+        r = (mean, grid, None if grid is None else _seconds(grid, self.dispatch_overhead_s))
         self._rows[key] = r
         return r
 
@@ -304,23 +319,18 @@ class CostModel:
         else:
             j0 = j1 = 0
             ws, inside = 0.0, True
-        m0, g0 = self._row(j0, b)
+        m0, g0, q0 = self._row(j0, b)
+        q1 = None
         if ws == 0.0:
             mean_ms = m0
-            q0 = None if g0 is None else _seconds(g0, ov)
-            q1 = None
         elif inside:
-            m1, g1 = self._row(j1, b)
+            m1, _, q1 = self._row(j1, b)
             mean_ms = _blend(m0, m1, ws)
-            q0 = None if g0 is None else _seconds(g0, ov)
-            q1 = None if g1 is None else _seconds(g1, ov)
         else:
             # Extrapolating in seq_len: build the grid once, floored at the batch's smallest measured latency.
             rows = [self._row(j, b) for j in range(len(self._s))]
-            m1, g1 = rows[j1]
+            m1, g1, _ = rows[j1]
             mean_ms = max(m0 + ws * (m1 - m0), min(r[0] for r in rows))
-            q1 = None
-            q0 = None
             if g0 is not None:
                 floor = np.min([r[1] for r in rows], axis=0)
                 q0 = _seconds(np.maximum.accumulate(np.maximum(g0 + ws * (g1 - g0), floor)), ov)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 from schedsim.simulate import (COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
                                RUNNING, SimResult)
@@ -84,6 +83,8 @@ def queue_length(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
 
 def combine_replications(summaries: list[dict], confidence: float = 0.95) -> dict:
     """Mean of each scalar metric over replications, with a Student-t confidence interval."""
+    from scipy import stats  # only here: importing scipy costs more than a small run
+
     out: dict = {"replications": len(summaries)}
     keys = [k for k, v in summaries[0].items() if isinstance(v, (int, float))]
     for key in keys:

@@ -11,7 +11,7 @@ Hooks, called by a driver in this order at each instant:
 ``reset(requests, instances)``
     once, before the run: the read-only request columns and the number of instances.
 ``on_batch_done(now_ns, instance, rows)``
-    a batch finished; ``instance`` is idle again.
+    a batch finished; ``instance`` is idle again (``rows`` as launched: array or range).
 ``on_arrivals(now_ns, first, stop)``
     rows ``first .. stop-1`` arrived, in order, at their ``requests.arrival_ns``
     (all ``<= now_ns``). A driver may deliver arrivals late, in bulk, when the last
@@ -75,7 +75,8 @@ class Launch:
     """Run ``rows`` (request rows, in batch order) as one batch on ``instance``."""
 
     instance: int
-    rows: np.ndarray
+    rows: np.ndarray | range
+    """An integer array, or a ``range`` when the rows are consecutive (cheaper to apply)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +98,10 @@ class Decision:
     wake_at_ns: int = NEVER
     """Ask again at this time even if nothing else happens (queue delay, timeouts)."""
     wake_on_arrival: bool = True
-    """Whether the next arrival may change the answer; False lets a driver batch arrivals."""
+    """Whether arrivals may change the answer; False lets a driver deliver them later, in bulk."""
+    arrivals_needed: int = 1
+    """With ``wake_on_arrival``: how many more arrivals it takes before the answer can change
+    (e.g. until the queue reaches the next preferred size); the driver wakes at that one."""
 
 
 class Policy:

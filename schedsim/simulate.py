@@ -2,9 +2,10 @@
 
 Arrivals are not events while every instance is busy: requests sit in the trace's
 sorted arrays and are handed to the policy in bulk at the next event, so a busy
-server costs one event per batch, not per request. When the policy says an arrival
-may change its answer (``Decision.wake_on_arrival``), the driver wakes at the next
-arrival time.
+server costs one event per batch, not per request. When the policy says arrivals may
+change its answer (``Decision.wake_on_arrival``), the driver wakes at the arrival it
+named (``arrivals_needed``). A decision runs inline at the end of an event when no
+other event is due at the same instant; otherwise it is scheduled behind them.
 """
 
 from __future__ import annotations
@@ -69,102 +70,102 @@ class _Driver:
         self.rng = np.random.default_rng(seed)
         self.env = simpy.Environment()
         self.arrival_ns = requests.arrival_ns
+        self.n = n
+        # Samples of rows [a, b) = cum[b] - cum[a]: O(1) for a consecutive batch.
+        self.cum_samples = np.concatenate([[0], np.cumsum(requests.samples, dtype=np.int64)])
+        seq = requests.seq_len
+        self.one_seq_len = int(seq[0]) if n and (seq == seq[0]).all() else None
         self.start_ns = np.full(n, -1, dtype=np.int64)
         self.done_ns = np.full(n, -1, dtype=np.int64)
         self.batch_size = np.zeros(n, dtype=np.int32)
         self.instance = np.full(n, -1, dtype=np.int16)
         self.status = np.zeros(n, dtype=np.int8)
-        self.batches: list[tuple] = []
+        self.batches: list[tuple] = []   # (start_ns, end_ns, instance, samples, requests)
+        self.batch_rows: list = []       # the rows of each batch: range or int array
         self.idle = list(range(instances))
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
         self.ended = False
         self.decision_pending = False
-        self.arrival_pending = False
         self.dirty = True           # something happened since the policy last decided
+        self.arrival_wake = -1      # row whose arrival an event is scheduled for
         self.timer_at = NEVER
         self.decisions = [] if record else None
         self.keep_order = bool(getattr(policy, "preserve_ordering", False))
-        self.dispatch_order: list[np.ndarray] = []
 
     def run(self) -> SimResult:
         self.policy.reset(self.req, self.instances)
-        if len(self.req):
-            self._schedule_arrival()
+        if self.n:
+            self._wake_at_arrival(0)
         else:
-            self._request_decision()
+            self._decide_now(0)
         self.env.run()
         return self._result()
 
     # --- events ----------------------------------------------------------------------------
 
-    def _schedule_arrival(self) -> None:
-        if self.arrival_pending or self.delivered >= len(self.req):
+    def _wake_at_arrival(self, row: int) -> None:
+        row = min(row, self.n - 1)  # the last arrival also ends the trace: always worth a wake-up
+        if row < self.delivered or row == self.arrival_wake:
             return
-        self.arrival_pending = True
-        delay = int(self.arrival_ns[self.delivered]) - self.env.now
+        self.arrival_wake = row
         # Arrivals are delivered by the decision itself, so waking for one is a decision
         # event at the arrival time (after any completion at that instant).
-        Scheduled(self.env, max(delay, 0), DECISION, self._on_arrival)
-
-    def _on_arrival(self, event) -> None:
-        self.arrival_pending = False
-        self._on_decision(event)
+        Scheduled(self.env, max(int(self.arrival_ns[row]) - self.env.now, 0), DECISION,
+                  self._on_decision_event)
 
     def _on_completion(self, event) -> None:
         instance, rows = event.value
         now = self.env.now
-        self.done_ns[rows] = now
-        self.status[rows] = COMPLETED
         self.idle.append(instance)
-        self.idle.sort()
+        if len(self.idle) > 1:
+            self.idle.sort()
         self.policy.on_batch_done(now, instance, rows)
         self.dirty = True
-        self._request_decision()
+        if self.env.peek() > now:
+            self._decide_now(now)  # nothing else happens at this instant: decide inline
+        elif not self.decision_pending:
+            self.decision_pending = True
+            Scheduled(self.env, 0, DECISION, self._on_decision_event)
 
     def _on_timer(self, event) -> None:
         if event.value == self.timer_at:  # a later decision may have moved the timer
             self.timer_at = NEVER
             self.dirty = True
-            self._request_decision()
+            self._on_decision_event(event)
 
-    def _request_decision(self) -> None:
-        if not self.decision_pending:
-            self.decision_pending = True
-            Scheduled(self.env, 0, DECISION, self._on_decision)
-
-    def _on_decision(self, _event) -> None:
+    def _on_decision_event(self, _event) -> None:
         self.decision_pending = False
-        now = self.env.now
+        self._decide_now(self.env.now)
+
+    def _decide_now(self, now: int) -> None:
         self._deliver(now)
         if not self.dirty:
             return  # a second wake-up at this instant with nothing new to decide on
         self.dirty = False
         decision = self.policy.decide(now, list(self.idle))
-        if not isinstance(decision, Decision):
+        if type(decision) is not Decision and not isinstance(decision, Decision):
             raise PolicyError(f"{type(self.policy).__name__}.decide returned {decision!r}, not a Decision")
         for reject in decision.rejects:
             self._reject(now, reject)
         for launch in decision.launches:
             self._launch(now, launch)
         wake = decision.wake_at_ns
-        if wake < NEVER:
+        if wake < NEVER and wake != self.timer_at:
             if wake <= now:
                 raise PolicyError(f"{type(self.policy).__name__} asked to wake at {wake} ns, "
                                   f"not after now ({now} ns)")
-            if wake != self.timer_at:
-                self.timer_at = wake
-                Scheduled(self.env, wake - now, DECISION, self._on_timer, wake)
+            self.timer_at = wake
+            Scheduled(self.env, wake - now, DECISION, self._on_timer, wake)
         if decision.wake_on_arrival:
-            self._schedule_arrival()
+            self._wake_at_arrival(self.delivered + max(int(decision.arrivals_needed), 1) - 1)
 
     def _deliver(self, now: int) -> None:
-        n = len(self.req)
-        if self.delivered < n and self.arrival_ns[self.delivered] <= now:
-            stop = int(np.searchsorted(self.arrival_ns, now, side="right"))
+        if self.delivered < self.n and self.arrival_ns[self.delivered] <= now:
+            stop = int(self.arrival_ns.searchsorted(now, side="right"))
             first, self.delivered = self.delivered, stop
             self.policy.on_arrivals(now, first, stop)
             self.dirty = True
-        if self.delivered == n and not self.ended:
+        if self.delivered == self.n and not self.ended:
             self.ended = True
             self.policy.on_trace_end(now)
             self.dirty = True
@@ -172,48 +173,82 @@ class _Driver:
     # --- applying decisions --------------------------------------------------------------
 
     def _launch(self, now: int, launch) -> None:
-        instance, rows = launch.instance, np.asarray(launch.rows, dtype=np.int64)
-        name = type(self.policy).__name__
+        instance, rows = launch.instance, launch.rows
         if instance not in self.idle:
-            raise PolicyError(f"{name} launched a batch on instance {instance}, which is not idle")
-        if rows.size == 0:
-            raise PolicyError(f"{name} launched an empty batch")
-        if (rows >= self.delivered).any() or (self.status[rows] != QUEUED).any():
-            raise PolicyError(f"{name} launched rows that are not queued: {rows[:8].tolist()}")
+            self._broken(f"launched a batch on instance {instance}, which is not idle")
+        if type(rows) is range:
+            # Consecutive rows: per-request columns are filled from the batch log at the end
+            # (where launching a row twice is caught), so a batch costs O(1) here.
+            first, stop = rows.start, rows.stop
+            if not (0 <= first < stop <= self.delivered and rows.step == 1):
+                self._broken(f"launched rows {rows}, which are not all queued")
+            samples = int(self.cum_samples[stop] - self.cum_samples[first])
+            seq_len = self.one_seq_len
+            if seq_len is None:
+                seq_len = int(self.req.seq_len[first:stop].max())
+            count = stop - first
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+            if rows.size == 0:
+                self._broken("launched an empty batch")
+            if (rows >= self.delivered).any() or (rows < 0).any() or (self.status[rows] != QUEUED).any() \
+                    or np.unique(rows).size != rows.size:
+                self._broken(f"launched rows that are not queued: {rows[:8].tolist()}")
+            self.status[rows] = RUNNING
+            samples = int(self.req.samples[rows].sum())
+            seq_len = self.one_seq_len
+            if seq_len is None:
+                seq_len = int(self.req.seq_len[rows].max())  # mixed lengths run padded to the longest
+            count = rows.size
         self.idle.remove(instance)
-        samples = int(self.req.samples[rows].sum())
-        seq_len = int(self.req.seq_len[rows].max())  # mixed lengths run padded to the longest
         service_ns = int(round(self.cost.sample_s(samples, seq_len, self.rng) * 1e9))
-        self.start_ns[rows] = now
-        self.batch_size[rows] = samples
-        self.instance[rows] = instance
-        self.status[rows] = RUNNING
-        self.batches.append((now, now + service_ns, instance, samples, rows.size))
-        if self.keep_order:
-            self.dispatch_order.append(rows)
+        self.batches.append((now, now + service_ns, instance, samples, count))
+        self.batch_rows.append(rows)
         if self.decisions is not None:
             self.decisions.append((now, "launch", instance, tuple(int(r) for r in rows)))
         Scheduled(self.env, service_ns, COMPLETION, self._on_completion, (instance, rows))
 
+    def _broken(self, what: str) -> None:
+        raise PolicyError(f"{type(self.policy).__name__} {what}")
+
     def _reject(self, now: int, reject) -> None:
         rows = np.asarray(reject.rows, dtype=np.int64)
-        if (self.status[rows] != QUEUED).any():
-            raise PolicyError(f"{type(self.policy).__name__} rejected rows that are not queued")
+        if (rows >= self.delivered).any() or (self.status[rows] != QUEUED).any():
+            self._broken("rejected rows that are not queued")
         self.status[rows] = _REJECT_STATUS.get(reject.reason, REJECTED_QUEUE_FULL)
         self.done_ns[rows] = now
         if self.decisions is not None:
             self.decisions.append((now, reject.reason, -1, tuple(int(r) for r in rows)))
 
     def _result(self) -> SimResult:
-        end = self.done_ns
-        if self.keep_order and self.dispatch_order:
-            # A response waits for every response dispatched before it (Triton's completion queue).
-            order = np.concatenate(self.dispatch_order)
-            done = order[self.status[order] == COMPLETED]
-            end = end.copy()
-            end[done] = np.maximum.accumulate(end[done])
         b = np.array(self.batches, dtype=np.int64).reshape(-1, 5)
+        rows = self._batch_row_index(b[:, 4])
+        if rows.size:
+            if np.bincount(rows, minlength=self.n).max() > 1 or (self.status[rows] > RUNNING).any():
+                self._broken("launched a request twice, or one it had rejected")
+            counts = b[:, 4]
+            # Every launched batch completed: the run ends when no event is left.
+            self.start_ns[rows] = np.repeat(b[:, 0], counts)
+            self.done_ns[rows] = np.repeat(b[:, 1], counts)
+            self.batch_size[rows] = np.repeat(b[:, 3], counts)
+            self.instance[rows] = np.repeat(b[:, 2], counts)
+            self.status[rows] = COMPLETED
+        end = self.done_ns
+        if self.keep_order and rows.size:
+            # A response waits for every response dispatched before it (Triton's completion queue).
+            end = end.copy()
+            end[rows] = np.maximum.accumulate(end[rows])
         return SimResult(self.req, self.start_ns, end, self.batch_size, self.instance, self.status,
                          b[:, 0].copy(), b[:, 1].copy(), b[:, 2].astype(np.int16),
                          b[:, 3].astype(np.int32), b[:, 4].astype(np.int32),
                          self.instances, self.seed, self.decisions)
+
+    def _batch_row_index(self, counts: np.ndarray) -> np.ndarray:
+        """All launched rows, batch after batch, in dispatch order."""
+        if not self.batch_rows:
+            return np.empty(0, dtype=np.int64)
+        if all(type(r) is range for r in self.batch_rows):
+            firsts = np.fromiter((r.start for r in self.batch_rows), np.int64, len(self.batch_rows))
+            offsets = np.repeat(firsts - (np.cumsum(counts) - counts), counts)
+            return np.arange(int(counts.sum()), dtype=np.int64) + offsets
+        return np.concatenate([np.asarray(r, dtype=np.int64) for r in self.batch_rows])

@@ -90,6 +90,34 @@ def test_bilinear_in_seq_len():
     assert cm.sample_s(2, 192, rng) == cm.mean_s(2, 192)
 
 
+def test_single_measured_seq_len_serves_requests_without_one():
+    means = {(1, 128): 1.0, (4, 128): 2.0}
+    cm = CostModel.from_profile(Profile.from_frame(constant_table(means)))
+    assert cm.mean_s(2, 0) == cm.mean_s(2, 128) and cm.covers(2, 0)
+    cm.check_covers(4, [0, 128])
+    cm.check_covers(4, ())
+    assert not cm.covers(2, 256)
+    with pytest.raises(InputError, match=r"covers seq_len 128\.\.128, but the trace has seq_len up to 256"):
+        cm.check_covers(4, [0, 256])
+    with pytest.raises(ValueError, match="not 256"):
+        cm.mean_s(2, 256)
+
+
+def test_bundled_default_profile():
+    from schedsim.profile import default_profile_path, load_profile
+    path = default_profile_path()
+    if not path.exists():
+        pytest.skip("no bundled default profile")
+    prof = load_profile(path)
+    cm = CostModel.from_profile(prof)
+    table = prof.table.set_index("batch")
+    overhead = prof.meta.get("dispatch_overhead_us", 0.0) * 1e-6
+    cm.check_covers(cm.max_batch, ())
+    for b in (1, cm.max_batch):
+        assert cm.mean_s(b) == pytest.approx(table.loc[b, "latency_ms_mean"] / 1000.0 + overhead, rel=1e-12)
+        assert cm.sample_s(b, 0, np.random.default_rng(0)) > 0
+
+
 def test_max_seq_len_truncates():
     means = {(1, 128): 1.0, (1, 512): 3.0}
     prof = Profile.from_frame(constant_table(means))

@@ -130,23 +130,37 @@ def test_dynamic_request_above_max_batch_size_is_bad_input():
 # --- dynamic: prefetch ------------------------------------------------------------------------
 
 def test_prefetch_forms_batches_while_the_instance_is_busy():
-    # Instance busy with [0] until 10 ms. With prefetch, [1, 2] saturate at preferred size 2
-    # while it is busy and [3, 4] form next; the instance takes [1, 2] at 10 ms.
-    kwargs = dict(max_batch_size=8, preferred_batch_sizes=(2, 4), max_queue_delay_us=50_000)
+    # Delay 0, preferred [2, 4]; row 0 runs alone for 10 ms. Without prefetch, at 10 ms the
+    # walk over rows 1..5 finds best = 4. With prefetch, batches formed while the instance
+    # was busy: [1, 2] saturated at preferred size 2, then [3, 4]; the queue of formed
+    # batches is full (2 per instance), so row 5 waits for a slot.
+    kwargs = dict(max_batch_size=8, preferred_batch_sizes=(2, 4))
     arrivals = [0, 0.5, 1, 2, 3, 4]
-    cost = lambda s: 10 if s == 2 else 1  # noqa: E731
+    cost = lambda s: 10 if s == 1 else 1  # noqa: E731
     without, _ = run(arrivals, DynamicBatcher(**kwargs), service_ms=cost)
     with_prefetch, _ = run(arrivals, DynamicBatcher(**kwargs, prefetch=True), service_ms=cost)
-    assert without == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3, 4, 5])]
-    assert with_prefetch == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3]), launch(20.5, 0, [4, 5])]
+    assert without == [launch(0, 0, [0]), launch(10, 0, [1, 2, 3, 4]), launch(11, 0, [5])]
+    assert with_prefetch == [launch(0, 0, [0]), launch(10, 0, [1, 2]), launch(11, 0, [3, 4]),
+                             launch(12, 0, [5])]
 
 
-def test_prefetch_merges_queued_batches_when_the_head_is_stale():
-    # Same arrivals, delay 5 ms: at 10.5 ms the formed [2, 3] is older than the delay and not
-    # full, so the next formed batch [4, 5] is merged into it.
-    kwargs = dict(max_batch_size=8, preferred_batch_sizes=(2, 4), max_queue_delay_us=5000, prefetch=True)
-    log, _ = run([0, 0.5, 1, 2, 3, 4], DynamicBatcher(**kwargs), service_ms=lambda s: 10 if s == 2 else 1)
-    assert log == [launch(0.5, 0, [0, 1]), launch(10.5, 0, [2, 3, 4, 5])]
+def _prefetch_merge(delay_us):
+    # Row 0 (2 samples) runs 10 ms. Meanwhile batch A = [1, 2] forms at preferred size 2 and
+    # stays open (delay > 0), grows by row 3 past the largest preferred size and closes;
+    # B = [4, 5] forms behind it (oldest request at 4 ms).
+    policy = DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(2,), max_queue_delay_us=delay_us,
+                            prefetch=True)
+    return run([0, 1, 2, 3, 4, 5], policy, service_ms=lambda s: 10 if s == 2 else 1,
+               batch=[2, 1, 1, 1, 1, 1])[0]
+
+
+def test_prefetch_merges_a_stale_formed_batch_into_the_one_taken():
+    # At 10 ms B has waited 6 ms > 5 ms and fits: merged into A (InstanceQueue::Dequeue).
+    assert _prefetch_merge(5000) == [launch(0, 0, [0]), launch(10, 0, [1, 2, 3, 4, 5])]
+
+
+def test_prefetch_does_not_merge_a_batch_younger_than_the_delay():
+    assert _prefetch_merge(7000) == [launch(0, 0, [0]), launch(10, 0, [1, 2, 3]), launch(11, 0, [4, 5])]
 
 
 # --- dynamic: queue policies ----------------------------------------------------------------
@@ -167,9 +181,10 @@ def test_a_batch_walks_across_priority_levels_in_order():
 def test_max_queue_size_rejects_arrivals_to_a_full_queue():
     policy = DynamicBatcher(max_batch_size=1, max_queue_size=2)
     log, result = run([0, 1, 2, 3, 4], policy, service_ms=10)
-    # [0] runs at once; rows 1, 2 queue; rows 3, 4 find the queue full.
-    assert ("launch" , [0]) == (log[0][1], log[0][3])
-    assert [entry for entry in log if entry[1] == "queue_full"] == [(10, "queue_full", -1, [3, 4])]
+    # [0] runs at once; rows 1, 2 queue; rows 3, 4 find the queue full, at their arrival.
+    assert ("launch", [0]) == (log[0][1], log[0][3])
+    assert [entry for entry in log if entry[1] == "queue_full"] == [(3, "queue_full", -1, [3]),
+                                                                     (4, "queue_full", -1, [4])]
     assert [e[3] for e in log if e[1] == "launch"] == [[0], [1], [2]]
     assert result.status.tolist() == [2, 2, 2, 3, 3]
 

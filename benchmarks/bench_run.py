@@ -1,0 +1,427 @@
+"""Speed and memory of a whole ``schedsim run`` against a bare simpy M/M/1.
+
+The issue's target: ``dynamic`` on a 2,000,000-request Poisson trace at 70% load, the
+whole ``schedsim run`` (a subprocess: startup, trace loading, simulation, summary),
+at least 10x the request rate of a bare simpy M/M/1 with one process per request on the
+same arrivals, measured in the same run, and at most 200 bytes of memory per request.
+
+    python benchmarks/bench_run.py              # the full benchmark (a few minutes)
+    python benchmarks/bench_run.py --n 200000   # a quicker look
+
+Writes benchmarks/results/bench_run.json (every figure, the exact commands, machine
+metadata) and, when the speed target is missed, a cProfile of the in-process simulate()
+to benchmarks/results/bench_run_profile.txt. benchmarks/README.md explains the method.
+
+Each figure is one measurement (the machine is shared; see README): the JSON records
+the load average around each so a noisy run can be recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+
+SPEED_TARGET = 10.0          # schedsim requests/s over bare-simpy requests/s
+MEMORY_TARGET_B = 200.0      # bytes of peak RSS per request
+SEQ_LEN = 128                # the bundled profile is measured at seq_len 128 only
+POLICY_FLAGS = {
+    "default": ["--policy", "dynamic", "--max-batch-size", "64", "--max-queue-delay-us", "1000"],
+    "preferred": ["--policy", "dynamic", "--max-batch-size", "64", "--max-queue-delay-us", "1000",
+                  "--preferred-batch-size", "8,16,32"],
+}
+POLICY_PARAMS = {
+    "default": {"max_batch_size": 64, "max_queue_delay_us": 1000},
+    "preferred": {"max_batch_size": 64, "max_queue_delay_us": 1000, "preferred_batch_sizes": (8, 16, 32)},
+}
+
+
+# ------------------------------------------------------------------ machine and inputs
+
+def machine_info() -> dict:
+    import pandas
+    import pyarrow
+    import simpy
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+        "mem_total_gib": mem_gib, "platform": platform.platform(), "python": platform.python_version(),
+        "numpy": np.__version__, "simpy": simpy.__version__, "pandas": pandas.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
+
+
+def capacity(profile_path: Path) -> dict:
+    """Best samples/s of the profile: max over batch b of b / (latency_ms_mean(b) + dispatch overhead)."""
+    from schedsim.profile import load_profile
+
+    prof = load_profile(profile_path)
+    table = prof.table
+    overhead_ms = float(prof.meta.get("dispatch_overhead_us", 0.0)) / 1000
+    batch = table["batch"].to_numpy()
+    service_ms = table["latency_ms_mean"].to_numpy() + overhead_ms
+    rate = batch / (service_ms / 1000)
+    best = int(rate.argmax())
+    return {"profile": str(profile_path), "dispatch_overhead_us": overhead_ms * 1000,
+            "best_batch": int(batch[best]), "best_service_ms": float(service_ms[best]),
+            "capacity_samples_per_s": float(rate[best]),
+            "capacity_without_overhead_samples_per_s": float(batch[best] / (table["latency_ms_mean"].to_numpy()[best] / 1000)),
+            "batch1_service_ms": float(service_ms[batch == 1][0]) if (batch == 1).any() else None}
+
+
+def schedsim_exe() -> str:
+    exe = Path(sys.executable).parent / "schedsim"
+    return str(exe) if exe.exists() else (shutil.which("schedsim") or "schedsim")
+
+
+# ------------------------------------------------------------------ subprocess measurement
+
+def measure_child(cmd: list[str], *, stdout_path: Path | None = None) -> dict:
+    """Run ``cmd``; wall time (spawn to exit) and that child's own peak RSS (os.wait4)."""
+    load_before = os.getloadavg()[0]
+    out = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    finally:
+        if stdout_path:
+            out.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{stderr[-4000:]}")
+    return {"cmd": cmd, "wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
+            "maxrss_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB
+            "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}
+
+
+_PROBE = """
+import json, sys
+from schedsim.cli import main
+rc = main(sys.argv[2:])
+assert rc == 0, rc
+json.dump(sorted(m for m in sys.modules if m not in ("__main__", "__mp_main__")), open(sys.argv[1], "w"))
+"""
+
+_BASELINE = """
+import importlib, json, sys
+for name in json.load(open(sys.argv[1])):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+"""
+
+
+# ------------------------------------------------------------------ bare simpy M/M/1
+
+def bare_simpy_mm1(arrival_s: np.ndarray, rho: float, seed: int) -> dict:
+    """M/M/1 in plain simpy: a source process walks the arrivals and starts one process per request."""
+    import simpy
+
+    n = len(arrival_s)
+    lam = n / float(arrival_s[-1])
+    mean_service = rho / lam
+    service = np.random.default_rng(seed).exponential(mean_service, n).tolist()
+    arrivals = arrival_s.tolist()
+    done = [0.0] * n
+
+    def customer(env, server, i, s):
+        with server.request() as req:
+            yield req
+            yield env.timeout(s)
+        done[i] = env.now
+
+    def source(env, server):
+        for i, t in enumerate(arrivals):
+            yield env.timeout(t - env.now)
+            env.process(customer(env, server, i, service[i]))
+
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    env = simpy.Environment()
+    server = simpy.Resource(env, capacity=1)
+    env.process(source(env, server))
+    env.run()
+    wall = time.perf_counter() - t0
+    response = np.asarray(done) - arrival_s
+    theory = 1.0 / (1.0 / mean_service - lam)
+    return {"requests": n, "rho": rho, "arrival_rate_per_s": lam, "mean_service_s": mean_service,
+            "wall_s": wall, "requests_per_s": n / wall,
+            "mean_response_s": float(response.mean()), "mm1_theory_mean_response_s": theory,
+            "mean_response_rel_err": float(response.mean() / theory - 1),
+            "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}
+
+
+# ------------------------------------------------------------------ in-process pieces
+
+def in_process(csv: Path, parquet: Path, profile_path: Path, flags: list[str], seed: int,
+               want_tracemalloc: bool) -> dict:
+    """Time load / build / simulate / summarize as runner.execute does them, for a breakdown."""
+    from schedsim.cost import CostModel
+    from schedsim.metrics import summarize
+    from schedsim.plugins import build_policy
+    from schedsim.policy import Requests
+    from schedsim.profile import load_profile
+    from schedsim.simulate import simulate
+    from schedsim.trace_io import load_trace
+
+    out: dict = {"loadavg_1m_before": os.getloadavg()[0]}
+    t = time.perf_counter()
+    trace = load_trace(csv)
+    out["load_csv_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    trace_pq = load_trace(parquet)
+    out["load_parquet_s"] = time.perf_counter() - t
+    assert np.array_equal(trace.arrival_s, trace_pq.arrival_s), "CSV and Parquet traces differ"
+    del trace_pq
+    t = time.perf_counter()
+    requests = Requests.from_trace(trace)
+    cost = CostModel.from_profile(load_profile(profile_path))
+    out["build_s"] = time.perf_counter() - t
+    out["variants"] = {}
+    for name in flags:
+        policy = build_policy("dynamic", dict(POLICY_PARAMS[name]))
+        t = time.perf_counter()
+        result = simulate(requests, policy, cost, instances=1, seed=seed)
+        sim_s = time.perf_counter() - t
+        t = time.perf_counter()
+        summary = summarize(result)
+        sum_s = time.perf_counter() - t
+        out["variants"][name] = {"simulate_s": sim_s, "summarize_s": sum_s,
+                                 "simulate_requests_per_s": len(requests) / sim_s,
+                                 "batches": int(result.batch_start_ns.size),
+                                 "completed": summary["completed"],
+                                 "mean_batch_size": summary["mean_batch_size"],
+                                 "p99_ms": summary["p99_ms"], "utilization": summary["utilization"]}
+        del result
+    if want_tracemalloc:
+        policy = build_policy("dynamic", dict(POLICY_PARAMS["default"]))
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        result = simulate(requests, policy, cost, instances=1, seed=seed)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        kept = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        del result
+        out["tracemalloc_simulate"] = {
+            "variant": "default", "peak_bytes": peak, "peak_bytes_per_request": peak / len(requests),
+            "result_bytes": kept, "result_bytes_per_request": kept / len(requests),
+            "note": "allocations during simulate() only; the trace and Requests columns already existed"}
+    out["loadavg_1m_after"] = os.getloadavg()[0]
+    return out
+
+
+def profile_simulate(csv: Path, profile_path: Path, seed: int, dest: Path, top: int = 30) -> dict:
+    """cProfile of simulate() for the default flags; writes the top functions to ``dest``."""
+    from schedsim.cost import CostModel
+    from schedsim.plugins import build_policy
+    from schedsim.policy import Requests
+    from schedsim.profile import load_profile
+    from schedsim.simulate import simulate
+    from schedsim.trace_io import load_trace
+
+    requests = Requests.from_trace(load_trace(csv))
+    cost = CostModel.from_profile(load_profile(profile_path))
+    policy = build_policy("dynamic", dict(POLICY_PARAMS["default"]))
+    prof = cProfile.Profile()
+    prof.enable()
+    simulate(requests, policy, cost, instances=1, seed=seed)
+    prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text).strip_dirs()
+    text.write(f"cProfile of simulate() on {len(requests):,} requests, flags {POLICY_FLAGS['default']}\n")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    dest.write_text(text.getvalue())
+    events = sum(v[1] for k, v in stats.stats.items() if k[0] == "core.py" and k[2] == "step")
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:12]
+    return {"file": str(dest), "events_processed": events,
+            "events_per_request": events / len(requests), "total_tt_s": stats.total_tt,
+            "top_tottime": [{"function": f"{k[0]}:{k[1]}({k[2]})", "ncalls": v[1], "tottime_s": v[2],
+                             "cumtime_s": v[3]} for k, v in rows]}
+
+
+# ------------------------------------------------------------------ main
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2_000_000, help="requests in the trace")
+    ap.add_argument("--load", type=float, default=0.7, help="fraction of the profile's capacity")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the trace and of the runs")
+    ap.add_argument("--bare-n", type=int, default=None,
+                    help="time bare simpy on this prefix of the trace (default: all of it)")
+    ap.add_argument("--no-profile", action="store_true", help="skip cProfile even if the target is missed")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_run.json")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the traces in this directory")
+    args = ap.parse_args(argv)
+
+    from schedsim.profile import default_profile_path
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    exe = schedsim_exe()
+    profile_path = default_profile_path()
+    cap = capacity(profile_path)
+    rate = args.load * cap["capacity_samples_per_s"]
+    report: dict = {"benchmark": "bench_run", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "machine": machine_info(), "requests": args.n, "load": args.load, "seed": args.seed,
+                    "capacity": cap, "arrival_rate_per_s": rate, "targets": {
+                        "speed_ratio_min": SPEED_TARGET, "bytes_per_request_max": MEMORY_TARGET_B}}
+    print(f"capacity {cap['capacity_samples_per_s']:,.1f} samples/s (batch {cap['best_batch']}, "
+          f"{cap['best_service_ms']:.4f} ms incl. {cap['dispatch_overhead_us']:.1f} us dispatch); "
+          f"trace rate {args.load:.0%} = {rate:,.3f} req/s", flush=True)
+
+    tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="schedsim-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        csv, parquet, small = tmp / "poisson.csv", tmp / "poisson.parquet", tmp / "small.csv"
+        gen = [exe, "trace", "gen", "--seed", str(args.seed), "--arrival", "poisson", "--rate", f"{rate:.6f}",
+               "--seq-len", f"fixed:{SEQ_LEN}"]
+        report["trace_gen"] = {
+            "csv": measure_child(gen + ["--n", str(args.n), "--out", str(csv)]),
+            "parquet": measure_child(gen + ["--n", str(args.n), "--out", str(parquet)]),
+            "small": measure_child(gen + ["--n", "1000", "--out", str(small)]),
+            "csv_bytes": csv.stat().st_size, "parquet_bytes": parquet.stat().st_size}
+        print(f"traces: {csv.stat().st_size / 1e6:.1f} MB CSV, {parquet.stat().st_size / 1e6:.1f} MB Parquet "
+              f"in {tmp}", flush=True)
+
+        # Memory baseline: a process importing exactly what `schedsim run` imports, doing nothing.
+        mods = tmp / "modules.json"
+        measure_child([sys.executable, "-c", _PROBE, str(mods), "run", str(small), *POLICY_FLAGS["default"],
+                       "--json"])
+        baseline = measure_child([sys.executable, "-c", _BASELINE, str(mods)])
+        baseline["modules"] = len(json.loads(mods.read_text()))
+        small_run = measure_child([exe, "run", str(small), *POLICY_FLAGS["default"], "--json"])
+        report["memory_baseline"] = {"imports_only": baseline, "run_1000_requests": small_run}
+        print(f"baseline: imports only {baseline['wall_s']:.2f} s, {baseline['maxrss_bytes'] / 2**20:.0f} MiB; "
+              f"run on 1,000 requests {small_run['wall_s']:.2f} s, {small_run['maxrss_bytes'] / 2**20:.0f} MiB",
+              flush=True)
+
+        runs = {}
+        for label, path, flags in (("csv_default", csv, "default"), ("csv_preferred", csv, "preferred"),
+                                   ("parquet_default", parquet, "default")):
+            stdout = tmp / f"{label}.json"
+            r = measure_child([exe, "run", str(path), *POLICY_FLAGS[flags], "--json"], stdout_path=stdout)
+            summary = json.loads(stdout.read_text())
+            if summary["completed"] != args.n:
+                raise RuntimeError(f"{label}: completed {summary['completed']} of {args.n}")
+            r["requests_per_s"] = args.n / r["wall_s"]
+            r["rss_minus_baseline_bytes"] = r["maxrss_bytes"] - baseline["maxrss_bytes"]
+            r["bytes_per_request"] = r["rss_minus_baseline_bytes"] / args.n
+            r["marginal_bytes_per_request"] = (r["maxrss_bytes"] - small_run["maxrss_bytes"]) / (args.n - 1000)
+            r["summary"] = {k: summary[k] for k in ("completed", "throughput_rps", "mean_batch_size", "p50_ms",
+                                                    "p99_ms", "mean_ms", "batches", "utilization")}
+            runs[label] = r
+            print(f"schedsim run {label}: {r['wall_s']:.2f} s, {r['requests_per_s']:,.0f} req/s, "
+                  f"peak RSS {r['maxrss_bytes'] / 2**20:.0f} MiB ({r['bytes_per_request']:.0f} B/request)",
+                  flush=True)
+        report["schedsim_run"] = runs
+
+        report["in_process"] = in_process(csv, parquet, profile_path, list(POLICY_FLAGS), args.seed, True)
+        ip = report["in_process"]
+        print("in-process: " + ", ".join(f"{k} {v:.2f} s" for k, v in ip.items() if k.endswith("_s")) + ", "
+              + ", ".join(f"{name} simulate {x['simulate_s']:.2f} s + summarize {x['summarize_s']:.2f} s"
+                          for name, x in ip["variants"].items()), flush=True)
+
+        from schedsim.trace_io import load_trace
+
+        arrivals = load_trace(csv).arrival_s
+        bare_n = min(args.bare_n or args.n, args.n)
+        bare = bare_simpy_mm1(arrivals[:bare_n], rho=0.7, seed=args.seed)
+        bare["command"] = "in-process: see bare_simpy_mm1() in benchmarks/bench_run.py"
+        report["bare_simpy_mm1"] = bare
+        print(f"bare simpy M/M/1: {bare_n:,} requests in {bare['wall_s']:.2f} s, "
+              f"{bare['requests_per_s']:,.0f} req/s (mean response {bare['mean_response_rel_err']:+.1%} vs theory)",
+              flush=True)
+
+        sim_default = report["in_process"]["variants"]["default"]
+        ratios = {label: r["requests_per_s"] / bare["requests_per_s"] for label, r in runs.items()}
+        ratios["simulate_only_default"] = sim_default["simulate_requests_per_s"] / bare["requests_per_s"]
+        bytes_req = runs["csv_default"]["bytes_per_request"]
+        worst_ratio = min(ratios[k] for k in runs)
+        worst_bytes = max(r["bytes_per_request"] for r in runs.values())
+        report["verdict"] = {
+            "speed_ratio": ratios, "speed_ratio_worst_whole_run": worst_ratio,
+            "speed": "PASS" if worst_ratio >= SPEED_TARGET else "FAIL",
+            "bytes_per_request": {k: r["bytes_per_request"] for k, r in runs.items()},
+            "bytes_per_request_worst": worst_bytes,
+            "memory": "PASS" if worst_bytes <= MEMORY_TARGET_B else "FAIL"}
+        loads = [v for r in runs.values() for v in (r["loadavg_1m_before"], r["loadavg_1m_after"])]
+        busy = max(loads + [bare["loadavg_1m_before"], bare["loadavg_1m_after"]])
+        report["warnings"] = ([f"1-minute load average reached {busy:.2f} on {os.cpu_count()} CPUs: "
+                               "other work shared the machine; timings may be inflated"]
+                              if busy > 0.75 * (os.cpu_count() or 1) else [])
+        report["warnings"].append("each figure is a single measurement (no repeats): spread unknown")
+
+        if worst_ratio < SPEED_TARGET and not args.no_profile:
+            print("speed target missed: profiling simulate() ...", flush=True)
+            report["profile"] = profile_simulate(csv, profile_path, args.seed,
+                                                 args.out.parent / "bench_run_profile.txt")
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    print_table(report)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def print_table(report: dict) -> None:
+    bare = report["bare_simpy_mm1"]
+    v = report["verdict"]
+    rows = [("bare simpy M/M/1 (process per request)", bare["wall_s"], bare["requests_per_s"], None, None)]
+    for label, r in report["schedsim_run"].items():
+        rows.append((f"schedsim run, {label}", r["wall_s"], r["requests_per_s"], v["speed_ratio"][label],
+                     r["bytes_per_request"]))
+    sim = report["in_process"]["variants"]["default"]
+    rows.append(("simulate() only, default", sim["simulate_s"], sim["simulate_requests_per_s"],
+                 v["speed_ratio"]["simulate_only_default"], None))
+    print(f"\n{'what':42} {'wall s':>8} {'req/s':>12} {'x bare':>7} {'B/req':>6}")
+    for name, wall, rps, ratio, b in rows:
+        print(f"{name:42} {wall:8.2f} {rps:12,.0f} {'' if ratio is None else f'{ratio:7.2f}':>7} "
+              f"{'' if b is None else f'{b:6.0f}':>6}")
+    print(f"speed (>= {SPEED_TARGET:g}x bare simpy, whole run): {v['speed']}; "
+          f"memory (<= {MEMORY_TARGET_B:g} B/request): {v['memory']}")
+    for w in report["warnings"]:
+        print(f"warning: {w}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
