@@ -70,7 +70,7 @@ class Requests:
         return cls(*cols)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Launch:
     """Run ``rows`` (request rows, in batch order) as one batch on ``instance``."""
 
@@ -87,7 +87,7 @@ class Reject:
     reason: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Decision:
     """A policy's answer at one instant."""
 

@@ -73,6 +73,7 @@ class _Driver:
         self.n = n
         # Samples of rows [a, b) = cum[b] - cum[a]: O(1) for a consecutive batch.
         self.cum_samples = np.concatenate([[0], np.cumsum(requests.samples, dtype=np.int64)])
+        self.one_sample_each = bool(n and self.cum_samples[-1] == n)
         seq = requests.seq_len
         self.one_seq_len = int(seq[0]) if n and (seq == seq[0]).all() else None
         self.start_ns = np.full(n, -1, dtype=np.int64)
@@ -84,7 +85,7 @@ class _Driver:
         self.batch_rows: list = []       # the rows of each batch: range or int array
         self.idle = list(range(instances))
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
-        self.ended = False
+        self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER  # of row `delivered`
         self.decision_pending = False
         self.dirty = True           # something happened since the policy last decided
         self.arrival_wake = -1      # row whose arrival an event is scheduled for
@@ -97,6 +98,7 @@ class _Driver:
         if self.n:
             self._wake_at_arrival(0)
         else:
+            self.policy.on_trace_end(0)
             self._decide_now(0)
         self.env.run()
         return self._result()
@@ -138,7 +140,8 @@ class _Driver:
         self._decide_now(self.env.now)
 
     def _decide_now(self, now: int) -> None:
-        self._deliver(now)
+        if self.next_arrival_ns <= now:
+            self._deliver(now)
         if not self.dirty:
             return  # a second wake-up at this instant with nothing new to decide on
         self.dirty = False
@@ -160,15 +163,14 @@ class _Driver:
             self._wake_at_arrival(self.delivered + max(int(decision.arrivals_needed), 1) - 1)
 
     def _deliver(self, now: int) -> None:
-        if self.delivered < self.n and self.arrival_ns[self.delivered] <= now:
+        if self.next_arrival_ns <= now:
             stop = int(self.arrival_ns.searchsorted(now, side="right"))
             first, self.delivered = self.delivered, stop
+            self.next_arrival_ns = int(self.arrival_ns[stop]) if stop < self.n else NEVER
             self.policy.on_arrivals(now, first, stop)
             self.dirty = True
-        if self.delivered == self.n and not self.ended:
-            self.ended = True
-            self.policy.on_trace_end(now)
-            self.dirty = True
+            if stop == self.n:
+                self.policy.on_trace_end(now)
 
     # --- applying decisions --------------------------------------------------------------
 
@@ -182,7 +184,7 @@ class _Driver:
             first, stop = rows.start, rows.stop
             if not (0 <= first < stop <= self.delivered and rows.step == 1):
                 self._broken(f"launched rows {rows}, which are not all queued")
-            samples = int(self.cum_samples[stop] - self.cum_samples[first])
+            samples = stop - first if self.one_sample_each else int(self.cum_samples[stop] - self.cum_samples[first])
             seq_len = self.one_seq_len
             if seq_len is None:
                 seq_len = int(self.req.seq_len[first:stop].max())
