@@ -50,7 +50,7 @@ class QueuePolicy:
     timeout_action: str = "REJECT"
     """REJECT answers an expired request with an error; DELAY moves it behind the rest."""
     allow_timeout_override: bool = False
-    """Whether a request's own ``timeout_us`` replaces the default."""
+    """Whether a request's own ``timeout_us`` replaces the default when it is shorter."""
 
     def __post_init__(self):
         _require(self.max_queue_size >= 0, "max_queue_size", self.max_queue_size, "an integer >= 0")
@@ -172,7 +172,10 @@ class DynamicBatcher(Policy):
         lvl = self._level if self._level is not None else np.zeros(len(requests), np.int16)
         default = np.array([qp.default_timeout_us * 1000 for qp in qps], dtype=np.int64)[lvl]
         override = np.array([qp.allow_timeout_override for qp in qps])[lvl]
-        timeout = np.where(override & (requests.timeout_ns > 0), requests.timeout_ns, default)
+        # As PolicyQueue::Enqueue: a request's own timeout counts only if it is shorter than
+        # the level's default (so with no default, requests' timeouts are ignored).
+        shorter = (requests.timeout_ns > 0) & (requests.timeout_ns < default)
+        timeout = np.where(override & shorter, requests.timeout_ns, default)
         deadline = np.where(timeout > 0, requests.arrival_ns + timeout, NEVER)
         return deadline if (deadline < NEVER).any() else None
 

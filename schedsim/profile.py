@@ -25,13 +25,13 @@ import csv
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from schedsim.files import replaced_atomically
 from schedsim.errors import InputError, where
 
 SCHEMA = "schedsim.profile/1"
@@ -393,16 +393,6 @@ def save_profile(profile_or_df, meta: dict | None, path: str | os.PathLike, samp
 
 
 def _atomic_write(path: Path, write, binary: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
+    with replaced_atomically(path) as tmp:
+        with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -34,8 +34,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -46,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schedsim.errors import InputError, where
+from schedsim.files import replaced_atomically
 from schedsim.trace import Trace
 
 __all__ = [
@@ -560,9 +559,7 @@ def save_trace(trace: Trace, path) -> Path:
                                    pa.scalar(" ", pa.large_string()))
         arrays["hash_ids"] = lists
     table = pa.table(arrays)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
+    with replaced_atomically(p) as tmp:
         if suffix == ".csv":
             import pyarrow.csv as pcsv
 
@@ -575,13 +572,6 @@ def save_trace(trace: Trace, path) -> Path:
             meta = json.dumps(trace.meta, default=str).encode()
             table = table.replace_schema_metadata({_META_KEY: meta})
             pq.write_table(table, tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return p
 
 
@@ -695,10 +685,9 @@ def fetch_public_trace(name: str, dest_dir, *, url: str | None = None, timeout_s
     dest = dest_dir / filename
     if dest.is_file() and sha256_file(dest) == sha:
         return dest
-    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=dest_dir)
     h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with replaced_atomically(dest) as tmp:
+        with open(tmp, "wb") as out:
             try:
                 with urllib.request.urlopen(url, timeout=timeout_s) as resp:
                     for block in iter(lambda: resp.read(1 << 20), b""):
@@ -710,11 +699,4 @@ def fetch_public_trace(name: str, dest_dir, *, url: str | None = None, timeout_s
         got = h.hexdigest()
         if got != sha:
             raise InputError(f"{url}: sha256 mismatch: expected {sha}, got {got}; the file was not kept")
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return dest

@@ -21,25 +21,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
+from policies.dynamic import QueuePolicy  # the dynamic policy's own type: one definition
+
 from .errors import InputError, where
 
 # Backends whose KIND_CPU groups default to 2 instances rather than 1
 # (SetDefaultInstanceCount in core src/model_config_utils.cc).
 _TWO_CPU_INSTANCE_BACKENDS = ("tensorflow", "onnxruntime")
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """One ``ModelQueuePolicy``: how a priority level's queue admits and expires requests."""
-
-    max_queue_size: int = 0
-    """Most requests the queue holds; a request arriving at a full queue is rejected at once. 0 = unbounded."""
-    default_timeout_us: int = 0
-    """Queue timeout applied to every request, in microseconds. 0 = none."""
-    timeout_action: str = "REJECT"
-    """What happens to a request whose timeout expires: 'REJECT' (error) or 'DELAY' (moved behind unexpired ones)."""
-    allow_timeout_override: bool = False
-    """Whether a request may set its own timeout, shorter than the default (never longer)."""
 
 
 @dataclass(frozen=True)

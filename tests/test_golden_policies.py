@@ -220,3 +220,14 @@ def test_preserve_ordering_holds_responses_until_earlier_ones_left():
                       service_ms=cost, instances=2)
     assert plain == ordered == [launch(0, 0, [0, 1]), launch(0.5, 1, [2])]
     assert r1.end_ns[2] == 1_500_000 and r2.end_ns[2] == 10_000_000
+
+
+def test_request_timeout_counts_only_when_shorter_than_the_default():
+    # scheduler_utils.cc PolicyQueue::Enqueue: override only if 0 < request < default.
+    policy = DynamicBatcher(max_batch_size=1, default_timeout_us=2000, allow_timeout_override=True)
+    log, _ = run([0, 1, 1.5], policy, service_ms=10, timeout_us=[0, 50_000, 1000])
+    # Row 1 asks for 50 ms (longer): keeps the 2 ms default, expires at 3 ms; row 2 at 2.5 ms.
+    assert log == [launch(0, 0, [0]), (2.5, "timeout", -1, [2]), (3, "timeout", -1, [1])]
+    no_default = DynamicBatcher(max_batch_size=1, allow_timeout_override=True)
+    log, _ = run([0, 1], no_default, service_ms=10, timeout_us=[0, 1000])
+    assert [e[1] for e in log] == ["launch", "launch"]  # no default: requests' timeouts ignored

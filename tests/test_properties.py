@@ -15,14 +15,12 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import DynamicBatcher, NoBatching, StaticBatching
 from schedsim.policy import REJECT_QUEUE_FULL, REJECT_TIMEOUT, Requests
-from schedsim.simulate import (COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, PolicyError,
-                               simulate)
+from schedsim.simulate import COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, simulate
 from schedsim.trace import Trace
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True,
