@@ -21,9 +21,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _mount_subcommands() -> None:
+    from schedsim import cli_live, cli_profile
     from schedsim.cli_trace import app as trace_app
 
     app.add_typer(trace_app, name="trace", help="Make, inspect and download request traces.")
+    app.add_typer(cli_profile.app, name="profile", help="Measure engines into cost tables; show and compare them.")
+    cli_live.register(app)
 
 
 _mount_subcommands()

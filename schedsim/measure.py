@@ -277,3 +277,147 @@ def machine_metadata(gpu_before: list[dict] | None = None, *, probe_torch: bool 
     except Exception as exc:  # noqa: BLE001
         meta["warnings"].append(f"nvidia-smi query failed: {exc!r}")
     return meta
+
+
+# -- one cell at a time (the profiler) ----------------------------------------------------
+
+@dataclass
+class CellSamples:
+    """Raw samples of one cell from :func:`sample_cell` or :func:`sample_concurrent`."""
+
+    latency_ms: np.ndarray
+    """Host latency of each timed call in ms, in measurement order (all instances pooled)."""
+    after: list = field(default_factory=list)
+    """What ``after()`` returned after each timed call (GPU event times, say), aligned."""
+    instance: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    """Which instance (thread) took each sample; all 0 for :func:`sample_cell`."""
+    warmup_calls: int = 0
+    """Warm-up calls made (summed over instances)."""
+    truncated: bool = False
+    """True when ``max_time_s`` ended sampling before ``min_iters`` and ``min_time_s`` held."""
+
+
+def _targets_met(n: int, timed_ns: int, min_iters: int, min_time_s: float) -> bool:
+    return n >= min_iters and timed_ns >= min_time_s * 1e9
+
+
+def sample_cell(fn: Callable[[], object], *, warmup_s: float, min_iters: int, min_time_s: float,
+                max_time_s: float | None = None, min_samples: int = 10,
+                after: Callable[[], object] | None = None,
+                on_sample: Callable[[int], None] | None = None) -> CellSamples:
+    """Warm up ``fn``, then time it until it has ``min_iters`` samples and ``min_time_s`` of them.
+
+    trtexec's rule (warm-up time, then at least N iterations and T seconds). ``max_time_s``
+    caps the sampling phase once ``min(min_samples, min_iters)`` samples exist, and the
+    result then says ``truncated``. ``after()`` runs after each timed call, outside the
+    timed region; ``on_sample(n)`` too (a progress bar).
+    """
+    if min_iters < 1:
+        raise ValueError(f"min_iters={min_iters} must be >= 1")
+    warm = warm_up(fn, warmup_s)
+    clock = time.perf_counter_ns
+    lat, extra = [], []
+    timed = 0
+    floor = min(min_samples, min_iters)
+    start = clock()
+    truncated = False
+    while True:
+        t0 = clock()
+        fn()
+        dt = clock() - t0
+        lat.append(dt)
+        timed += dt
+        if after is not None:
+            extra.append(after())
+        if on_sample is not None:
+            on_sample(len(lat))
+        if _targets_met(len(lat), timed, min_iters, min_time_s):
+            break
+        if max_time_s is not None and len(lat) >= floor and clock() - start >= max_time_s * 1e9:
+            truncated = True
+            break
+    return CellSamples(np.asarray(lat, np.float64) * 1e-6, extra,
+                       np.zeros(len(lat), np.int32), warm, truncated)
+
+
+def sample_concurrent(fns: list[Callable[[], object]], *, warmup_s: float, min_iters: int,
+                      min_time_s: float, max_time_s: float | None = None, min_samples: int = 10,
+                      after: list[Callable[[], object]] | None = None,
+                      on_sample: Callable[[int], None] | None = None) -> CellSamples:
+    """Run K callables at once, one thread each, and time every call under that contention.
+
+    Models K engine instances on one device (Triton's ``instance_group { count: K }``): each
+    thread warms up, all start sampling together (a barrier), and all keep calling until
+    every thread has ``min_iters`` samples and ``min_time_s`` of timed calls (or
+    ``max_time_s`` passed), so no sample is taken while a sibling is idle, except the
+    last call of each thread. Samples of all threads are pooled; ``instance`` says whose.
+    An exception in any thread stops all and is re-raised here.
+    """
+    import threading
+
+    k = len(fns)
+    if k < 1:
+        raise ValueError("sample_concurrent() needs at least one callable")
+    after = after or [None] * k
+    lat: list[list[int]] = [[] for _ in range(k)]
+    extra: list[list] = [[] for _ in range(k)]
+    timed = [0] * k
+    warm = [0] * k
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    barrier = threading.Barrier(k + 1)
+    clock = time.perf_counter_ns
+
+    def work(i: int) -> None:
+        try:
+            warm[i] = warm_up(fns[i], warmup_s)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            errors.append(exc)
+            stop.set()
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        try:
+            while not stop.is_set():
+                t0 = clock()
+                fns[i]()
+                dt = clock() - t0
+                lat[i].append(dt)
+                timed[i] += dt
+                if after[i] is not None:
+                    extra[i].append(after[i]())
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(k)]
+    for t in threads:
+        t.start()
+    truncated = False
+    try:
+        barrier.wait()
+        start = clock()
+        floor = min(min_samples, min_iters)
+        while not stop.is_set():
+            time.sleep(0.001)
+            n = min(len(x) for x in lat)
+            if on_sample is not None:
+                on_sample(n)
+            if all(_targets_met(len(lat[i]), timed[i], min_iters, min_time_s) for i in range(k)):
+                break
+            if max_time_s is not None and n >= floor and clock() - start >= max_time_s * 1e9:
+                truncated = True
+                break
+    except threading.BrokenBarrierError:
+        pass
+    finally:
+        stop.set()
+        barrier.abort()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    inst = np.concatenate([np.full(len(x), i, np.int32) for i, x in enumerate(lat)])
+    return CellSamples(np.concatenate([np.asarray(x, np.float64) for x in lat]) * 1e-6,
+                       [v for x in extra for v in x], inst, sum(warm), truncated)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schedsim.simulate import (COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
+from schedsim.results import (COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
                                RUNNING, SimResult)
 
 PERCENTILES = {"p50_ms": 50, "p90_ms": 90, "p95_ms": 95, "p99_ms": 99, "p999_ms": 99.9}

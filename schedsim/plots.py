@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from schedsim.metrics import measured_rows, queue_length
-from schedsim.simulate import COMPLETED, SimResult
+from schedsim.results import COMPLETED, SimResult
 
 
 def write_plots(out_dir: Path, result: SimResult, warmup_s: float, atomic) -> list[Path]:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from schedsim.files import replaced_atomically
-from schedsim.simulate import STATUS_NAMES, SimResult
+from schedsim.results import STATUS_NAMES, SimResult
 
 
 def _atomic(path: Path, write) -> None:

@@ -89,14 +89,21 @@ def policy_params(spec: RunSpec) -> tuple[dict, int]:
     return params | spec.params, instances or 1
 
 
-def execute(spec: RunSpec) -> RunOutcome:
-    from schedsim.cost import CostModel
-    from schedsim.metrics import combine_replications, summarize
+@dataclass
+class RunInputs:
+    """What ``schedsim run`` and ``schedsim live`` both build from a spec."""
+
+    trace: object
+    requests: object
+    policy: object
+    params: dict
+    instances: int
+
+
+def load_inputs(spec: RunSpec) -> RunInputs:
+    """Check the spec, build the policy, load (and rescale) the trace."""
     from schedsim.plugins import build_policy
     from schedsim.policy import Requests
-    from schedsim.profile import default_profile_path, load_profile
-    from schedsim.report import write_outputs
-    from schedsim.simulate import simulate
     from schedsim.trace_io import load_trace, scale_rate
 
     _check(spec)
@@ -105,11 +112,28 @@ def execute(spec: RunSpec) -> RunOutcome:
     trace = load_trace(spec.trace)
     if spec.rate_scale != 1.0:
         trace = scale_rate(trace, spec.rate_scale)
+    return RunInputs(trace, Requests.from_trace(trace), policy, params, instances)
+
+
+def policy_config(spec: RunSpec, inputs: RunInputs) -> dict:
+    """The summary's ``config`` keys that describe the run the same way for both drivers."""
+    return {"trace": str(spec.trace), "policy": spec.policy, "params": _plain(inputs.params),
+            "instances": inputs.instances, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale}
+
+
+def execute(spec: RunSpec) -> RunOutcome:
+    from schedsim.cost import CostModel
+    from schedsim.metrics import combine_replications, summarize
+    from schedsim.profile import default_profile_path, load_profile
+    from schedsim.report import write_outputs
+    from schedsim.simulate import simulate
+
+    inputs = load_inputs(spec)
+    trace, requests, policy, instances = inputs.trace, inputs.requests, inputs.policy, inputs.instances
     profile_path = spec.profile or default_profile_path()
     cost = CostModel.from_profile(
         load_profile(profile_path), spread=spec.spread, extrapolate=spec.extrapolate,
         dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6)
-    requests = Requests.from_trace(trace)
     policy.reset(requests, instances)
     largest = policy.max_batch_samples()
     if largest is not None:
@@ -124,10 +148,8 @@ def execute(spec: RunSpec) -> RunOutcome:
     summary = summaries[0] if len(summaries) == 1 else (
         combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
                                            "utilization": summaries[0]["utilization"]})
-    summary["config"] = {
-        "trace": str(spec.trace), "policy": spec.policy, "params": _plain(params),
-        "profile": str(profile_path), "instances": instances, "seed": spec.seed,
-        "replications": spec.replications, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale,
+    summary["config"] = policy_config(spec, inputs) | {
+        "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
     }
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "

@@ -10,47 +10,14 @@ other event is due at the same instant; otherwise it is scheduled behind them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import simpy
 
 from schedsim.events import COMPLETION, DECISION, Scheduled
 from schedsim.policy import NEVER, Decision, Policy, Requests
 
-# Per-request status codes (the ``status`` column).
-QUEUED, RUNNING, COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, FAILED = range(6)
-STATUS_NAMES = ("unfinished", "running", "completed", "rejected_queue_full", "rejected_timeout",
-                "failed")
-_REJECT_STATUS = {"queue_full": REJECTED_QUEUE_FULL, "timeout": REJECTED_TIMEOUT}
-
-
-class PolicyError(RuntimeError):
-    """A policy broke the driver's contract (a bug in the policy, not bad input)."""
-
-
-@dataclass(eq=False)
-class SimResult:
-    """The per-request table (row = request, units in names) and the batch log."""
-
-    requests: Requests
-    start_ns: np.ndarray
-    end_ns: np.ndarray
-    """Response time: completion, delayed by preserve_ordering when the policy asks for it."""
-    batch_size: np.ndarray
-    """Samples in the batch the request ran in (0 if it did not run)."""
-    instance: np.ndarray
-    status: np.ndarray
-    batch_start_ns: np.ndarray
-    batch_end_ns: np.ndarray
-    batch_instance: np.ndarray
-    batch_samples: np.ndarray
-    batch_requests: np.ndarray
-    instances: int
-    seed: int
-    decisions: list | None = None
-    """With ``record=True``: (time_ns, "launch"|reason, instance, rows) in decision order."""
-    meta: dict = field(default_factory=dict)
+from schedsim.results import (COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
+                              PolicyError, SimResult)
 
 
 def simulate(requests: Requests, policy: Policy, cost, *, instances: int = 1, seed: int = 0,
@@ -217,7 +184,7 @@ class _Driver:
         rows = np.asarray(reject.rows, dtype=np.int64)
         if (rows >= self.delivered).any() or (self.status[rows] != QUEUED).any():
             self._broken("rejected rows that are not queued")
-        self.status[rows] = _REJECT_STATUS.get(reject.reason, REJECTED_QUEUE_FULL)
+        self.status[rows] = REJECT_STATUS.get(reject.reason, REJECTED_QUEUE_FULL)
         self.done_ns[rows] = now
         if self.decisions is not None:
             self.decisions.append((now, reject.reason, -1, tuple(int(r) for r in rows)))

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from policies import DynamicBatcher, NoBatching, StaticBatching
 from schedsim.policy import REJECT_QUEUE_FULL, REJECT_TIMEOUT, Requests
-from schedsim.simulate import COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, simulate
+from schedsim.results import COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT
+from schedsim.simulate import simulate
 from schedsim.trace import Trace
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True,

@@ -38,7 +38,8 @@ from scipy import stats
 from policies import DynamicBatcher, NoBatching, StaticBatching
 from schedsim.metrics import queue_length
 from schedsim.policy import Requests
-from schedsim.simulate import COMPLETED, simulate
+from schedsim.results import COMPLETED
+from schedsim.simulate import simulate
 from schedsim.trace import Trace
 
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "bert-base-fp16-cg-h200.csv"

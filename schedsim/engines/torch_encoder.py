@@ -85,6 +85,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cfg = cfg
+        self.out_features = cfg.hidden
         self.word = nn.Embedding(cfg.vocab, cfg.hidden)
         self.position = nn.Embedding(cfg.max_positions, cfg.hidden)
         self.token_type = nn.Embedding(2, cfg.hidden)
@@ -163,12 +164,19 @@ class TorchEncoderRunner:
     """
 
     def __init__(self, model: Encoder, *, max_batch: int, max_seq_len: int,
-                 cuda_graphs: bool = True, record_gpu_time: bool = False):
+                 cuda_graphs: bool = True, record_gpu_time: bool = False,
+                 compile: bool = False):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         if not 1 <= max_seq_len <= model.cfg.max_positions:
             raise ValueError(f"max_seq_len={max_seq_len} must be in 1..{model.cfg.max_positions}")
         self.model = model
+        # Any module with .cfg.vocab/.cfg.max_positions works: the decoder sets
+        # out_features to its vocabulary (last-position logits), encoders pool to hidden.
+        self.out_features = getattr(model, "out_features", model.cfg.hidden)
+        self.compile = compile
+        # One compiled graph per shape (dynamic=False): what a shape-bucketed server does.
+        self._forward = torch.compile(model, dynamic=False) if compile else model
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         param = next(model.parameters())
@@ -187,7 +195,7 @@ class TorchEncoderRunner:
     # -- lifetime -------------------------------------------------------------------
     def __enter__(self) -> "TorchEncoderRunner":
         n_in = self.max_batch * self.max_seq_len
-        n_out = self.max_batch * self.model.cfg.hidden
+        n_out = self.max_batch * self.out_features
         pin = self.is_cuda  # pinning needs a CUDA runtime; on the CPU it means nothing
         self._dev_in = torch.zeros(n_in, dtype=torch.int64, device=self.device)
         self._host_in = torch.zeros(n_in, dtype=torch.int64, pin_memory=pin)
@@ -223,11 +231,11 @@ class TorchEncoderRunner:
         if not (1 <= batch <= self.max_batch and 1 <= seq_len <= self.max_seq_len):
             raise ValueError(f"shape (batch={batch}, seq_len={seq_len}) outside "
                              f"1..{self.max_batch} x 1..{self.max_seq_len}")
-        n_in, n_out = batch * seq_len, batch * self.model.cfg.hidden
+        n_in, n_out = batch * seq_len, batch * self.out_features
         # Leading slices of flat buffers, so every shape's views are contiguous.
         dev_in = self._dev_in[:n_in].view(batch, seq_len)
         host_in = self._host_in[:n_in].view(batch, seq_len)
-        host_out = self._host_out[:n_out].view(batch, self.model.cfg.hidden)
+        host_out = self._host_out[:n_out].view(batch, self.out_features)
         entry = _Shape(dev_in, host_in, host_in.numpy(), None, host_out, host_out.numpy(), None)
         if self.cuda_graphs:
             entry.graph, entry.out = self._capture(dev_in, batch, seq_len)
@@ -239,11 +247,13 @@ class TorchEncoderRunner:
         try:
             with torch.no_grad():
                 with torch.cuda.stream(self._stream):
-                    self.model(dev_in)  # warm-up launch: kernel selection, workspaces
+                    self._forward(dev_in)  # warm-up launch: kernel selection, workspaces
+                    if self.compile:
+                        self._forward(dev_in)  # compiled code may pick kernels on call two
                 self._stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                    out = self.model(dev_in)
+                    out = self._forward(dev_in)
             self._stream.synchronize()
             return graph, out
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
@@ -274,7 +284,7 @@ class TorchEncoderRunner:
         if not self.is_cuda:
             e.dev_in.copy_(e.host_in)
             with torch.no_grad():
-                e.host_out.copy_(self.model(e.dev_in))
+                e.host_out.copy_(self._forward(e.dev_in))
             self.last_done_ns = time.perf_counter_ns()
             return e.host_out_np
         with torch.cuda.stream(self._stream):
@@ -286,7 +296,7 @@ class TorchEncoderRunner:
                 out = e.out
             else:
                 with torch.no_grad():
-                    out = self.model(e.dev_in)
+                    out = self._forward(e.dev_in)
             if self.record_gpu_time:
                 self._ev_end.record(self._stream)
             e.host_out.copy_(out, non_blocking=True)
@@ -300,6 +310,13 @@ class TorchEncoderRunner:
         if not self.record_gpu_time:
             return float("nan")
         return self._ev_start.elapsed_time(self._ev_end)
+
+    def describe(self) -> dict:
+        """Settings for a profile's sidecar."""
+        return {"torch": torch.__version__, "device": str(self.device),
+                "dtype": str(self.dtype).replace("torch.", ""), "cuda_graphs": self.cuda_graphs,
+                "compile": self.compile,
+                "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32)}
 
     @property
     def graph_shapes(self) -> list[tuple[int, int]]:
