@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from schedsim import cli_options as o
 from schedsim.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -31,94 +32,56 @@ def _mount_subcommands() -> None:
 
 _mount_subcommands()
 
-POLICY_HELP = "none, static, dynamic, or a user's policy as module:Class or path/file.py:Class"
-
-
-def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    if text.strip().lower() in ("", "none"):
-        return ()
-    try:
-        return tuple(int(v) for v in text.replace("/", ",").split(",") if v.strip())
-    except ValueError:
-        raise InputError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
-
-
-def _params(pairs: list[str]) -> dict:
-    """``--param key=value`` for users' policies; values parsed as int, float, bool or text."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--param: {pair!r} is not key=value")
-        for convert in (int, float):
-            try:
-                out[key.strip()] = convert(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
-    return out
-
-
 @app.command()
 def run(
     trace: Annotated[Path, typer.Argument(help="Request trace: schedsim CSV/Parquet, Azure LLM 2023 CSV or Mooncake JSONL.")],
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "dynamic",
+    policy: o.Policy = "dynamic",
     profile: Annotated[Optional[Path], typer.Option(help="Cost table CSV (default: the bundled H200 BERT-base profile).")] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch.")] = None,
-    preferred_batch_size: Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32.")] = None,
-    max_queue_delay_us: Annotated[Optional[int], typer.Option(help="dynamic: how long the oldest request may wait for a better batch.")] = None,
-    prefetch: Annotated[Optional[bool], typer.Option("--prefetch/--no-prefetch", help="dynamic: form batches while instances are busy (Triton) or only when one is idle (default).")] = None,
-    priority_levels: Annotated[Optional[int], typer.Option(help="dynamic: priority levels (1 is served first).")] = None,
-    default_priority_level: Annotated[Optional[int], typer.Option(help="dynamic: level of requests with priority 0.")] = None,
-    max_queue_size: Annotated[Optional[int], typer.Option(help="dynamic: per-level queue limit; a full queue rejects.")] = None,
-    default_timeout_us: Annotated[Optional[int], typer.Option(help="dynamic: queue timeout per request.")] = None,
-    timeout_action: Annotated[Optional[str], typer.Option(help="dynamic: REJECT or DELAY.")] = None,
-    allow_timeout_override: Annotated[Optional[bool], typer.Option("--allow-timeout-override/--no-timeout-override", help="dynamic: requests' timeout_us replaces the default.")] = None,
-    preserve_ordering: Annotated[Optional[bool], typer.Option("--preserve-ordering/--no-preserve-ordering", help="dynamic: responses leave in dispatch order.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="static: requests per batch.")] = None,
-    max_wait_us: Annotated[Optional[int], typer.Option(help="static: send a partial batch once its oldest request waited this long.")] = None,
-    param: Annotated[list[str], typer.Option(help="Extra policy parameter key=value (repeatable), for users' policies.")] = [],
-    triton_config: Annotated[Optional[Path], typer.Option(help="Take dynamic-batcher settings from a Triton config.pbtxt; flags override.")] = None,
-    instances: Annotated[Optional[int], typer.Option(help="Model instances serving in parallel (default 1).")] = None,
+    max_batch_size: o.MaxBatchSize = None,
+    preferred_batch_size: o.PreferredBatchSize = None,
+    max_queue_delay_us: o.MaxQueueDelayUs = None,
+    prefetch: o.Prefetch = None,
+    priority_levels: o.PriorityLevels = None,
+    default_priority_level: o.DefaultPriorityLevel = None,
+    max_queue_size: o.MaxQueueSize = None,
+    default_timeout_us: o.DefaultTimeoutUs = None,
+    timeout_action: o.TimeoutAction = None,
+    allow_timeout_override: o.AllowTimeoutOverride = None,
+    preserve_ordering: o.PreserveOrdering = None,
+    batch_size: o.BatchSize = None,
+    max_wait_us: o.MaxWaitUs = None,
+    param: o.Param = [],
+    triton_config: o.TritonConfig = None,
+    instances: o.Instances = None,
     seed: Annotated[int, typer.Option(help="Seed for service-time draws.")] = 1,
     replications: Annotated[int, typer.Option(help="Runs with seeds seed, seed+1, ...; reports means and 95% CIs.")] = 1,
-    warmup_s: Annotated[float, typer.Option(help="Leave out requests arriving before this time.")] = 0.0,
-    rate_scale: Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")] = 1.0,
+    warmup_s: o.WarmupS = 0.0,
+    rate_scale: o.RateScale = 1.0,
     spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
     dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="Per-batch host overhead (default: the profile's measured value).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")] = False,
+    json_output: o.JsonOutput = False,
 ):
     """Replay TRACE against a batching policy and report latency, throughput and batching."""
     from schedsim.runner import RunSpec, execute
 
-    given = {
-        "max_batch_size": max_batch_size,
-        "preferred_batch_sizes": _int_list(preferred_batch_size, "--preferred-batch-size"),
-        "max_queue_delay_us": max_queue_delay_us, "prefetch": prefetch,
-        "priority_levels": priority_levels, "default_priority_level": default_priority_level,
-        "max_queue_size": max_queue_size, "default_timeout_us": default_timeout_us,
-        "timeout_action": timeout_action, "allow_timeout_override": allow_timeout_override,
-        "preserve_ordering": preserve_ordering, "batch_size": batch_size, "max_wait_us": max_wait_us,
-    }
+    params = o.policy_params(
+        max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,
+        max_queue_delay_us=max_queue_delay_us, prefetch=prefetch, priority_levels=priority_levels,
+        default_priority_level=default_priority_level, max_queue_size=max_queue_size,
+        default_timeout_us=default_timeout_us, timeout_action=timeout_action,
+        allow_timeout_override=allow_timeout_override, preserve_ordering=preserve_ordering,
+        batch_size=batch_size, max_wait_us=max_wait_us, param=param)
     spec = RunSpec(
-        trace=trace, policy=policy, params={k: v for k, v in given.items() if v is not None} | _params(param),
+        trace=trace, policy=policy, params=params,
         profile=profile, triton_config=triton_config, instances=instances, seed=seed,
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us, out=out, plot=plot)
     outcome = execute(spec)
     if json_output:
-        import json
-
-        from schedsim.report import _json_safe
-
-        print(json.dumps(_json_safe(outcome.summary), indent=2, sort_keys=True))
+        o.print_json(outcome.summary)
     else:
         print_summary(outcome)
 

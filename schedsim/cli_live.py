@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from schedsim import cli_options as o
 from schedsim.errors import InputError
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -183,12 +184,9 @@ def register(app) -> None:
     app.command()(validate)
 
 
-POLICY_HELP = "none, static, dynamic, or a user's policy as module:Class or path/file.py:Class"
-
-
 def live(
     trace: Annotated[Path, typer.Argument(help="Request trace (as for schedsim run).")],
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "dynamic",
+    policy: o.Policy = "dynamic",
     backend: Annotated[str, typer.Option(help="Engine: torch, onnxruntime or tensorrt.")] = "torch",
     model: Annotated[str, typer.Option(help="builtin:bert-base, builtin:bert-tiny, or MODEL.onnx (onnxruntime).")] = "builtin:bert-base",
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available for torch, else cpu).")] = None,
@@ -196,58 +194,51 @@ def live(
     precision: Annotated[Optional[str], typer.Option(help="torch: fp16, bf16 or fp32 (default fp16 on CUDA, fp32 on CPU).")] = None,
     seq_len: Annotated[int, typer.Option(help="seq_len of requests the trace gives none.")] = 128,
     threads: Annotated[int, typer.Option(help="onnxruntime: intra-op threads per instance.")] = 1,
-    max_batch_size: Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch.")] = None,
-    preferred_batch_size: Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32.")] = None,
-    max_queue_delay_us: Annotated[Optional[int], typer.Option(help="dynamic: how long the oldest request may wait for a better batch.")] = None,
-    prefetch: Annotated[Optional[bool], typer.Option("--prefetch/--no-prefetch", help="dynamic: form batches while instances are busy.")] = None,
-    priority_levels: Annotated[Optional[int], typer.Option(help="dynamic: priority levels.")] = None,
-    default_priority_level: Annotated[Optional[int], typer.Option(help="dynamic: level of requests with priority 0.")] = None,
-    max_queue_size: Annotated[Optional[int], typer.Option(help="dynamic: per-level queue limit.")] = None,
-    default_timeout_us: Annotated[Optional[int], typer.Option(help="dynamic: queue timeout per request.")] = None,
-    timeout_action: Annotated[Optional[str], typer.Option(help="dynamic: REJECT or DELAY.")] = None,
-    allow_timeout_override: Annotated[Optional[bool], typer.Option("--allow-timeout-override/--no-timeout-override", help="dynamic: requests' timeout_us replaces the default.")] = None,
-    preserve_ordering: Annotated[Optional[bool], typer.Option("--preserve-ordering/--no-preserve-ordering", help="dynamic: responses leave in dispatch order.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="static: requests per batch.")] = None,
-    max_wait_us: Annotated[Optional[int], typer.Option(help="static: send a partial batch once its oldest request waited this long.")] = None,
-    param: Annotated[list[str], typer.Option(help="Extra policy parameter key=value (repeatable).")] = [],
-    triton_config: Annotated[Optional[Path], typer.Option(help="Take dynamic-batcher settings from a Triton config.pbtxt.")] = None,
-    instances: Annotated[Optional[int], typer.Option(help="Model instances (engines) serving in parallel (default 1).")] = None,
-    warmup_s: Annotated[float, typer.Option(help="Leave out requests arriving before this time.")] = 0.0,
-    rate_scale: Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")] = 1.0,
+    max_batch_size: o.MaxBatchSize = None,
+    preferred_batch_size: o.PreferredBatchSize = None,
+    max_queue_delay_us: o.MaxQueueDelayUs = None,
+    prefetch: o.Prefetch = None,
+    priority_levels: o.PriorityLevels = None,
+    default_priority_level: o.DefaultPriorityLevel = None,
+    max_queue_size: o.MaxQueueSize = None,
+    default_timeout_us: o.DefaultTimeoutUs = None,
+    timeout_action: o.TimeoutAction = None,
+    allow_timeout_override: o.AllowTimeoutOverride = None,
+    preserve_ordering: o.PreserveOrdering = None,
+    batch_size: o.BatchSize = None,
+    max_wait_us: o.MaxWaitUs = None,
+    param: o.Param = [],
+    triton_config: o.TritonConfig = None,
+    instances: o.Instances = None,
+    warmup_s: o.WarmupS = 0.0,
+    rate_scale: o.RateScale = 1.0,
     time_limit_s: Annotated[Optional[float], typer.Option(help="Stop this long after the trace start; the outputs are marked partial.")] = None,
     spin_us: Annotated[Optional[float], typer.Option(help="Busy-wait this long before each timed wake-up (default 150 on CUDA, 0 on CPU).")] = None,
     wake_every_arrival: Annotated[bool, typer.Option(help="Wake the dispatcher at every arrival, whatever the policy's hints say.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the model weights and input ids.")] = 0,
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json, batches.csv, live.json here (required).")] = None,
     plot: Annotated[bool, typer.Option(help="Also write the plots of schedsim run.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")] = False,
+    json_output: o.JsonOutput = False,
 ):
     """Replay TRACE in real time against a real engine, driven by the same policy as schedsim run."""
-    from schedsim.cli import _int_list, _params, print_summary
+    from schedsim.cli import print_summary
     from schedsim.runner import RunOutcome, RunSpec
 
-    given = {
-        "max_batch_size": max_batch_size,
-        "preferred_batch_sizes": _int_list(preferred_batch_size, "--preferred-batch-size"),
-        "max_queue_delay_us": max_queue_delay_us, "prefetch": prefetch,
-        "priority_levels": priority_levels, "default_priority_level": default_priority_level,
-        "max_queue_size": max_queue_size, "default_timeout_us": default_timeout_us,
-        "timeout_action": timeout_action, "allow_timeout_override": allow_timeout_override,
-        "preserve_ordering": preserve_ordering, "batch_size": batch_size, "max_wait_us": max_wait_us,
-    }
-    run = RunSpec(trace=trace, policy=policy, params={k: v for k, v in given.items() if v is not None}
-                  | _params(param), triton_config=triton_config, instances=instances, warmup_s=warmup_s,
+    params = o.policy_params(
+        max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,
+        max_queue_delay_us=max_queue_delay_us, prefetch=prefetch, priority_levels=priority_levels,
+        default_priority_level=default_priority_level, max_queue_size=max_queue_size,
+        default_timeout_us=default_timeout_us, timeout_action=timeout_action,
+        allow_timeout_override=allow_timeout_override, preserve_ordering=preserve_ordering,
+        batch_size=batch_size, max_wait_us=max_wait_us, param=param)
+    run = RunSpec(trace=trace, policy=policy, params=params, triton_config=triton_config, instances=instances, warmup_s=warmup_s,
                   rate_scale=rate_scale, out=out, plot=plot)
     spec = LiveSpec(run=run, backend=backend, model=model, device=device, cuda_graphs=cuda_graphs,
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed)
     title, summary, written = execute_live(spec)
     if json_output:
-        import json
-
-        from schedsim.report import _json_safe
-
-        print(json.dumps(_json_safe(summary), indent=2, sort_keys=True))
+        o.print_json(summary)
     else:
         print_summary(RunOutcome(title, summary, [], written))
         lv = summary["live"]
@@ -270,10 +261,6 @@ def validate(
 
     report = validate_dirs(sim, live_dir, out=out, plot=plot)
     if json_output:
-        import json
-
-        from schedsim.report import _json_safe
-
-        print(json.dumps(_json_safe(report), indent=2, sort_keys=True))
+        o.print_json(report)
     else:
         print_validation(report)
