@@ -60,6 +60,7 @@ def run(
     spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
     dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="Per-batch host overhead (default: the profile's measured value).")] = None,
+    wake_overhead_us: Annotated[Optional[float], typer.Option(help="Extra cost of a batch that wakes an idle serving loop (default: the profile's value, else 0).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
     json_output: o.JsonOutput = False,
@@ -78,7 +79,8 @@ def run(
         trace=trace, policy=policy, params=params,
         profile=profile, triton_config=triton_config, instances=instances, seed=seed,
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
-        extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us, out=out, plot=plot)
+        extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
+        wake_overhead_us=wake_overhead_us, out=out, plot=plot)
     outcome = execute(spec)
     if json_output:
         o.print_json(outcome.summary)

@@ -52,7 +52,8 @@ class CostModel:
     """
 
     def __init__(self, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
-                 dispatch_overhead_s: float | None = None, max_seq_len: int | None = None):
+                 dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
+                 wake_overhead_s: float | None = None):
         """Prefer :meth:`from_profile`; the arguments are the same."""
         if spread not in SPREADS:
             raise InputError(f"spread: {spread!r} is not one of {', '.join(SPREADS)}")
@@ -64,6 +65,10 @@ class CostModel:
             ok = False
         if not ok:
             raise InputError(f"dispatch_overhead_s: {dispatch_overhead_s!r} must be a number >= 0 (seconds)")
+        if wake_overhead_s is None:
+            wake_overhead_s = float(profile.meta.get("wake_overhead_us", 0.0)) * 1e-6
+        if not (isinstance(wake_overhead_s, (int, float)) and math.isfinite(wake_overhead_s) and wake_overhead_s >= 0):
+            raise InputError(f"wake_overhead_s: {wake_overhead_s!r} must be a number >= 0 (seconds)")
         if max_seq_len is not None and (int(max_seq_len) != max_seq_len or max_seq_len < 1):
             raise InputError(f"max_seq_len: {max_seq_len!r} must be an integer >= 1")
         if spread == "auto":
@@ -82,6 +87,9 @@ class CostModel:
         """The spread in use: 'empirical', 'fitted' or 'none' ('auto' resolved)."""
         self.extrapolate = bool(extrapolate)
         self.dispatch_overhead_s = float(dispatch_overhead_s)
+        self.wake_overhead_s = float(wake_overhead_s)
+        """Extra time of a batch that wakes an idle serving loop (not launched at the instant its
+        instance finished the previous one): thread wake-ups and a cooled host. The driver adds it."""
         self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
         self.has_seq_len = profile.has_seq_len
         self.batches = profile.batches
@@ -96,7 +104,8 @@ class CostModel:
 
     @classmethod
     def from_profile(cls, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
-                     dispatch_overhead_s: float | None = None, max_seq_len: int | None = None) -> "CostModel":
+                     dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
+                     wake_overhead_s: float | None = None) -> "CostModel":
         """Build the model from a profile.
 
         ``spread``: 'empirical' (raw samples), 'fitted' (table percentiles), 'none' (always
@@ -105,9 +114,13 @@ class CostModel:
         range. ``dispatch_overhead_s``: per-batch host overhead added to every batch;
         None takes the sidecar's ``dispatch_overhead_us`` (0 when absent). ``max_seq_len``:
         the model's longest input; longer requests are truncated to it before lookup.
+        ``wake_overhead_s``: extra time of a batch launched on an instance that sat idle
+        (the serving loop had to wake up); None takes the sidecar's ``wake_overhead_us``
+        (0 when absent).
         """
         return cls(profile, spread=spread, extrapolate=extrapolate,
-                   dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len)
+                   dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len,
+                   wake_overhead_s=wake_overhead_s)
 
     def __repr__(self) -> str:
         return (f"CostModel({self.profile.source!r}, spread={self.spread!r}, extrapolate={self.extrapolate}, "

@@ -40,6 +40,8 @@ class RunSpec:
     """Allow batch sizes outside the profile's range."""
     dispatch_overhead_us: float | None = None
     """Per-batch host overhead; None = the profile's measured value."""
+    wake_overhead_us: float | None = None
+    """Extra cost of a batch that wakes an idle serving loop; None = the profile's value (or 0)."""
     out: Path | None = None
     """Output directory."""
     plot: bool = False
@@ -67,6 +69,8 @@ def _check(spec: RunSpec) -> None:
         raise InputError(f"--spread: {spec.spread!r} is not valid; expected auto, empirical, fitted or none")
     if spec.dispatch_overhead_us is not None and spec.dispatch_overhead_us < 0:
         raise InputError(f"--dispatch-overhead-us: {spec.dispatch_overhead_us} is not valid; expected >= 0")
+    if spec.wake_overhead_us is not None and spec.wake_overhead_us < 0:
+        raise InputError(f"--wake-overhead-us: {spec.wake_overhead_us} is not valid; expected >= 0")
     if spec.plot and spec.out is None:
         raise InputError("--plot: needs --out DIR to write the plots into")
 
@@ -133,7 +137,8 @@ def execute(spec: RunSpec) -> RunOutcome:
     profile_path = spec.profile or default_profile_path()
     cost = CostModel.from_profile(
         load_profile(profile_path), spread=spec.spread, extrapolate=spec.extrapolate,
-        dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6)
+        dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6,
+        wake_overhead_s=None if spec.wake_overhead_us is None else spec.wake_overhead_us / 1e6)
     policy.reset(requests, instances)
     largest = policy.max_batch_samples()
     if largest is not None:
@@ -151,6 +156,7 @@ def execute(spec: RunSpec) -> RunOutcome:
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
+        "wake_overhead_us": cost.wake_overhead_s * 1e6,
     }
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
              f"{instances} instance{'s' if instances > 1 else ''}, profile {Path(profile_path).name}")

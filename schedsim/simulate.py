@@ -51,6 +51,10 @@ class _Driver:
         self.batches: list[tuple] = []   # (start_ns, end_ns, instance, samples, requests)
         self.batch_rows: list = []       # the rows of each batch: range or int array
         self.idle = list(range(instances))
+        # When each instance last finished a batch: a launch at that same instant is the busy
+        # serving loop; any later one first wakes an idle loop and pays the cost's wake overhead.
+        self.freed_at = [-1] * instances
+        self.wake_ns = int(round(getattr(cost, "wake_overhead_s", 0.0) * 1e9))
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER  # of row `delivered`
         self.decision_pending = False
@@ -85,6 +89,7 @@ class _Driver:
     def _on_completion(self, event) -> None:
         instance, rows = event.value
         now = self.env.now
+        self.freed_at[instance] = now
         self.idle.append(instance)
         if len(self.idle) > 1:
             self.idle.sort()
@@ -171,6 +176,8 @@ class _Driver:
             count = rows.size
         self.idle.remove(instance)
         service_ns = int(round(self.cost.sample_s(samples, seq_len, self.rng) * 1e9))
+        if self.freed_at[instance] != now:
+            service_ns += self.wake_ns
         self.batches.append((now, now + service_ns, instance, samples, count))
         self.batch_rows.append(rows)
         if self.decisions is not None:

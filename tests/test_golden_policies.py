@@ -231,3 +231,24 @@ def test_request_timeout_counts_only_when_shorter_than_the_default():
     no_default = DynamicBatcher(max_batch_size=1, allow_timeout_override=True)
     log, _ = run([0, 1], no_default, service_ms=10, timeout_us=[0, 1000])
     assert [e[1] for e in log] == ["launch", "launch"]  # no default: requests' timeouts ignored
+
+
+class _WakeCost:
+    """1 ms per batch; 0.5 ms more when the batch wakes an idle serving loop."""
+
+    wake_overhead_s = 0.0005
+
+    def sample_s(self, samples, seq_len, rng):
+        return 0.001
+
+
+def test_a_batch_that_wakes_an_idle_loop_pays_the_wake_overhead():
+    from schedsim.policy import Requests
+    from schedsim.simulate import simulate
+    from schedsim.trace import Trace
+
+    # Row 0 wakes an idle loop (1.5 ms); row 1 queued meanwhile, so it starts at the very
+    # instant row 0 finishes: the busy loop, 1 ms. Row 2 arrives after a gap: 1.5 ms again.
+    req = Requests.from_trace(Trace.from_arrivals([0, 0.0002, 0.010]))
+    result = simulate(req, NoBatching(), _WakeCost(), record=True)
+    assert (result.batch_end_ns - result.batch_start_ns).tolist() == [1_500_000, 1_000_000, 1_500_000]

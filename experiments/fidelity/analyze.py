@@ -61,8 +61,8 @@ def analyze_cell(cell_dir: Path, profiles: dict, replications: int) -> list[dict
         write_outputs(cell_dir, live, trace.request_id, summary)  # same summary, plus requests.csv
     warmup = cfg["warmup_s"]
     rows = []
-    for label, profile in profiles.items():
-        cost = CostModel.from_profile(profile)
+    for label, (profile, wake_s) in profiles.items():
+        cost = CostModel.from_profile(profile, wake_overhead_s=wake_s)
         sims = [simulate(Requests.from_trace(trace), build_policy(cfg["policy"], dict(cfg["params"])), cost,
                          instances=cfg["instances"], seed=1 + r) for r in range(replications)]
         sums = [summarize(s, warmup) for s in sims]
@@ -87,6 +87,7 @@ def analyze_cell(cell_dir: Path, profiles: dict, replications: int) -> list[dict
             "dispatch_mean_us": lv["dispatch_us"].get("mean"), "completion_gap_mean_us": lv["completion_gap_us"].get("mean"),
             "engine_host_ms_mean": lv["engine_host_ms"].get("mean"), "engine_gpu_ms_mean": lv["engine_gpu_ms"].get("mean"),
             "model_dispatch_us": cost.dispatch_overhead_s * 1e6,
+            "model_wake_us": cost.wake_overhead_s * 1e6,
         })
     return rows
 
@@ -125,7 +126,10 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     t = table[table.profile == table.profile.iloc[0]]
     order = np.arange(len(t))
     for label, tt in table.groupby("profile"):
-        b.barh(order + (0.2 if label == "b" else -0.2), tt.p99_err_pct.to_numpy(), height=0.4, label=f"profile {label}")
+        labels = sorted(table.profile.unique())
+        width = 0.8 / len(labels)
+        b.barh(order + (labels.index(label) - (len(labels) - 1) / 2) * width, tt.p99_err_pct.to_numpy(),
+               height=width, label=f"model {label}")
     b.set_yticks(order, t.cell, fontsize=6)
     for x in (-8, -3, 3, 8):
         b.axvline(x, color="grey", ls=":", lw=0.8)
@@ -136,16 +140,37 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def wake_overhead_s(calib_dir: Path, profile) -> float:
+    """The extra cost of a launch that wakes an idle serving loop, from the calibration run
+    alone (calibrate_h200.py's light-load loops, never a validation cell): the mean of
+    (completion - the arrival that triggered it) - (the profile's mean latency for that batch
+    + its dispatch overhead) over the arrival-triggered launches."""
+    mean_ms = dict(zip(profile.table["batch"], profile.table["latency_ms_mean"]))
+    dispatch_s = float(profile.meta.get("dispatch_overhead_us", 0.0)) * 1e-6
+    extra = []
+    for name in ("none_light", "dynamic_light"):
+        b = pd.read_csv(calib_dir / f"loop_{name}.csv")
+        b = b[(b.trigger == "arrival") & (b.status == "ok")]
+        extra.append((b.done_s - b.trigger_s) - b.samples.map(mean_ms) / 1e3 - dispatch_s)
+    return float(pd.concat(extra).mean())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, required=True, help="the device's output directory (holds cells/)")
     ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--replications", type=int, default=5)
+    ap.add_argument("--calibration", type=Path, help="calibrate_h200.py's output: adds model c, the "
+                    "committed profile plus the measured wake overhead")
     args = ap.parse_args(argv)
-    profiles = {"a": load_profile(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")}
+    committed = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
+    profiles = {"a": (committed, None)}
     same = args.run / "profile" / "samecall.csv"
     if same.exists():
-        profiles["b"] = load_profile(same)
+        profiles["b"] = (load_profile(same), None)
+    if args.calibration:
+        profiles["c"] = (committed, wake_overhead_s(args.calibration, committed))
+        print(f"wake overhead from the calibration: {profiles['c'][1] * 1e6:.1f} us", flush=True)
     rows = []
     for cell_dir in sorted((args.run / "cells").iterdir()):
         if (cell_dir / "summary.json").exists():

@@ -15,7 +15,7 @@ from pathlib import Path
 DISPATCH_US = 44.1  # the committed profile's dispatch_overhead_us
 
 
-def _cell(name, policy, params, load, *, instances=1, cv=1.0, spin_us=150.0):
+def _cell(name, policy, params, load, *, instances=1, cv=1.0, spin_us=0.0):
     return {"name": name, "policy": policy, "params": params, "load": load, "instances": instances,
             "cv": cv, "spin_us": spin_us, "seed": 1000 + len(_names), "arrival": "poisson" if cv == 1 else f"gamma-cv{cv:g}"}
 
@@ -55,9 +55,9 @@ def _build() -> list[dict]:
     for load in (0.25, 0.5, 0.75, 0.9):
         _add(cells, f"dyn-d100-2inst-poisson-{load:.0%}", "dynamic", d(100), load, instances=2)
     _add(cells, "dyn-d100-2inst-gamma3-50%", "dynamic", d(100), 0.5, instances=2, cv=3.0)
-    # The dispatcher's busy-wait: the same cells without it.
-    _add(cells, "nospin-none-poisson-50%", "none", {}, 0.5, spin_us=0.0)
-    _add(cells, "nospin-dyn-d100-poisson-50%", "dynamic", d(100), 0.5, spin_us=0.0)
+    # The dispatcher's busy-wait (150 us before each timed wake-up): the same cells with it.
+    _add(cells, "spin-none-poisson-50%", "none", {}, 0.5, spin_us=150.0)
+    _add(cells, "spin-dyn-d100-poisson-50%", "dynamic", d(100), 0.5, spin_us=150.0)
     return cells
 
 

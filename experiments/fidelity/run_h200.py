@@ -78,7 +78,7 @@ def write_cell(cell_dir: Path, cell: dict, trace: Trace, result, extra: dict, wa
     summary["config"] = {"trace": "result.npz:arrival_ns", "policy": cell["policy"], "params": cell["params"],
                          "instances": cell["instances"], "warmup_s": warmup_s, "rate_scale": 1.0,
                          "driver": "live", "backend": "torch", "model": "builtin:bert-base", "device": "cuda",
-                         "precision": "fp16", "cuda_graphs": True, "spin_us": cell.get("spin_us", 150.0)}
+                         "precision": "fp16", "cuda_graphs": True, "spin_us": cell.get("spin_us", 0.0)}
     # requests.csv is left to analyze.py (from result.npz): it is the bulk of the output.
     (cell_dir / "summary.json").write_text(_json.dumps(_plain(summary), indent=2, sort_keys=True) + "\n")
 
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
-                                     default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 150.0),
+                                     default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 0.0),
                                      engine_warmup=1, time_limit_s=duration + 20.0)
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke}
