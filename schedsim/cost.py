@@ -74,7 +74,7 @@ class CostModel:
         if spread == "auto":
             if profile.samples is not None:
                 spread = "empirical"
-            elif (profile.table["latency_ms_std"].to_numpy() > 0).any():
+            elif (profile.columns["latency_ms_std"] > 0).any():
                 spread = "fitted"
             else:
                 spread = "none"
@@ -265,7 +265,7 @@ class CostModel:
         col = profile.column
         p50, p90, p99 = col("latency_ms_p50"), col("latency_ms_p90"), col("latency_ms_p99")
         mean, std = col("latency_ms_mean"), col("latency_ms_std")
-        has = profile.table.columns
+        has = profile.columns
         lo = col("latency_ms_min") if "latency_ms_min" in has else np.maximum(2 * p50 - p90, 1e-3 * p50)
         hi = col("latency_ms_max") if "latency_ms_max" in has else p99 + (p99 - p90)
         knots_u = np.array([0.0, 0.5, 0.9, 0.99, 1.0])

@@ -26,13 +26,21 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from schedsim.files import replaced_atomically
 from schedsim.errors import InputError, where
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas costs about 0.35 s to import and `schedsim run` never needs it: profiles are
+# parsed with the csv module and validated with numpy; pandas is imported only to build
+# ``Profile.table`` on first access, in ``from_frame`` and in ``save_profile``.
 
 SCHEMA = "schedsim.profile/1"
 
@@ -50,8 +58,10 @@ DEFAULT_PROFILE = "bert-base-fp16-cg-h200.csv"
 class Profile:
     """A validated cost table. Build one with :func:`load_profile` or :meth:`from_frame`."""
 
-    table: pd.DataFrame
-    """One row per cell, sorted by (seq_len, batch), latencies in ms; ``seq_len`` is 0 in every row when the profile has none."""
+    columns: dict
+    """Column name -> read-only numpy array, one entry per cell, sorted by (seq_len, batch), latencies in ms;
+    ``batch``, ``seq_len`` and ``n`` are int64, the other known columns float64, unknown ones as read;
+    ``seq_len`` is 0 in every row when the profile has none."""
     meta: dict
     """Provenance from the JSON sidecar; empty when there is none."""
     samples: dict | None = None
@@ -64,39 +74,62 @@ class Profile:
         """How messages name this profile."""
         return str(self.path) if self.path is not None else "<memory>"
 
+    @cached_property
+    def table(self) -> "pd.DataFrame":
+        """:attr:`columns` as a pandas DataFrame (built, and pandas imported, on first access)."""
+        import pandas as pd
+
+        return pd.DataFrame({name: values for name, values in self.columns.items()})
+
     @property
     def has_seq_len(self) -> bool:
         """Whether latency depends on sequence length (the CSV had a seq_len column)."""
-        return bool((self.table["seq_len"].to_numpy() > 0).any())
+        return bool((self.columns["seq_len"] > 0).any())
 
     @property
     def batches(self) -> np.ndarray:
         """Measured batch sizes, ascending (int64)."""
-        return np.unique(self.table["batch"].to_numpy(np.int64))
+        return np.unique(self.columns["batch"])
 
     @property
     def seq_lens(self) -> np.ndarray:
         """Measured seq_lens, ascending (int64); ``[0]`` when the profile has none."""
-        return np.unique(self.table["seq_len"].to_numpy(np.int64))
+        return np.unique(self.columns["seq_len"])
 
     def column(self, name: str) -> np.ndarray:
         """Column ``name`` as a (n_seq_lens, n_batches) float64 grid, rows by seq_len."""
         nb, ns = len(self.batches), len(self.seq_lens)
-        return self.table[name].to_numpy(np.float64).reshape(ns, nb)
+        return np.asarray(self.columns[name], dtype=np.float64).reshape(ns, nb)
 
     @classmethod
-    def from_frame(cls, df: pd.DataFrame, meta: dict | None = None, samples=None,
+    def from_frame(cls, df: "pd.DataFrame", meta: dict | None = None, samples=None,
                    path: str | os.PathLike | None = None) -> "Profile":
         """Validate an in-memory table (same rules as a file; rows are named ``row i``)."""
+        import pandas as pd
+
+        data = {}
+        for name in df.columns:
+            s = df[name]
+            if str(name).strip() not in REQUIRED + OPTIONAL:
+                data[name] = (s.to_numpy(), None)  # travels along as is
+            elif pd.api.types.is_bool_dtype(s) or pd.api.types.is_numeric_dtype(s):
+                # object values keep pd.NA as itself for messages; to_numpy() would make it NaN
+                data[name] = (s.to_numpy(object), s.to_numpy(np.float64, na_value=np.nan))
+            else:
+                data[name] = (s.to_numpy(object), None)  # parsed as text, like a file's fields
+        return cls._from_columns(data, meta, samples, path)
+
+    @classmethod
+    def _from_columns(cls, data: dict, meta: dict | None, samples, path) -> "Profile":
+        """Validate columns given as name -> (values, float64 values or None to parse them as text)."""
         src = str(path) if path is not None else "<memory>"
-        df = df.reset_index(drop=True)
-        if "seq_len" in df.columns and (pd.to_numeric(df["seq_len"], errors="coerce") == 0).all():
-            df = df.drop(columns="seq_len")  # a Profile's own table: seq_len 0 means "none"
-        table = _validate_table(df, src, lines=None)
+        if "seq_len" in data and (_numbers(*data["seq_len"]) == 0).all():
+            data = {k: v for k, v in data.items() if k != "seq_len"}  # a Profile's own: 0 means "none"
+        columns = _validate_table(data, src, lines=None)
         meta = _validate_meta(dict(meta or {}), src)
         if samples is not None:
-            samples = _validate_samples(_samples_to_arrays(samples), table, src)
-        return cls(table, meta, samples, Path(path) if path is not None else None)
+            samples = _validate_samples(_samples_to_arrays(samples), columns, src)
+        return cls(columns, meta, samples, Path(path) if path is not None else None)
 
 
 def default_profile_path() -> Path:
@@ -138,17 +171,15 @@ def load_profile(path: str | os.PathLike) -> Profile:
     dup = sorted({h for h in names if names.count(h) > 1 and h})
     if dup:
         raise InputError(f"{where(path, 1, dup[0])}: column appears more than once")
-    try:
-        # Blank lines are kept (and dropped below) so that row i is line i + 2.
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
-                         skip_blank_lines=False, encoding="utf-8")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: not a readable CSV: {str(e).strip().splitlines()[-1]}") from None
-    df.columns = names
-    lines = np.arange(len(df)) + 2
-    blank = (df.apply(lambda c: c.astype(str).str.strip()) == "").all(axis=1).to_numpy()
-    df, lines = df[~blank].reset_index(drop=True), lines[~blank]
-    table = _validate_table(df, str(path), lines=lines)
+    # Row i of rows[1:] is line i + 2; blank lines (no field with text) are dropped.
+    kept = [(i, row) for i, row in enumerate(rows[1:], start=2) if any(f.strip() for f in row)]
+    lines = np.array([i for i, _ in kept], dtype=np.int64)
+    data = {}
+    for j, name in enumerate(names):
+        values = np.empty(len(kept), dtype=object)
+        values[:] = [row[j] for _, row in kept]
+        data[name] = (values, None)
+    table = _validate_table(data, str(path), lines=lines)
 
     meta: dict = {}
     side = sidecar_path(path)
@@ -167,33 +198,52 @@ def load_profile(path: str | os.PathLike) -> Profile:
     return Profile(table, meta, samples, path)
 
 
-def _validate_table(df: pd.DataFrame, src: str, lines) -> pd.DataFrame:
-    """Check every rule of the format; return the table sorted by (seq_len, batch)."""
+def _numbers(raw: np.ndarray, parsed: np.ndarray | None) -> np.ndarray:
+    """float64 values of a column; NaN where a field is not a number (blank, text)."""
+    if parsed is not None:
+        return parsed
+    out = np.full(len(raw), np.nan)
+    for i, v in enumerate(raw.tolist()):
+        t = str(v).strip()
+        # float() also takes "1_000" and non-ASCII digits, which a CSV number never is;
+        # integers go through int() so that "-0" is 0, as pandas read it, not -0.0.
+        if t and t.isascii() and "_" not in t:
+            try:
+                out[i] = float(int(t)) if t.lstrip("+-").isdigit() else float(t)
+            except ValueError:
+                pass
+    return out
+
+
+def _validate_table(data: dict, src: str, lines) -> dict:
+    """Check every rule of the format; return read-only columns sorted by (seq_len, batch).
+
+    ``data``: column name -> (values, float64 values or None to parse the values as text).
+    """
     def loc(i: int, col: str | None) -> str:
         if lines is None:
             return f"{where(src, None, col)}: row {i}" if col else f"{src}: row {i}"
         return where(src, int(lines[i]), col)
 
-    cols = [str(c).strip() for c in df.columns]
-    df = df.copy()
-    df.columns = cols
+    data = {str(c).strip(): v for c, v in data.items()}
+    cols = list(data)
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
         raise InputError(f"{where(src, 1 if lines is not None else None, missing[0])}: missing required "
                          f"column (a profile needs {', '.join(REQUIRED)})")
-    if len(df) == 0:
+    n_rows = len(data[REQUIRED[0]][0])
+    if n_rows == 0:
         raise InputError(f"{src}: profile has a header but no rows")
 
     known = [c for c in REQUIRED + OPTIONAL if c in cols]
     values = {}
     for col in known:
-        raw = df[col]
-        num = pd.to_numeric(raw.astype(str).str.strip() if raw.dtype == object or pd.api.types.is_string_dtype(raw)
-                            else raw, errors="coerce").to_numpy(np.float64)
+        raw = data[col][0]
+        num = _numbers(*data[col])
         bad = ~np.isfinite(num)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            text = str(raw.iloc[i]).strip()
+            text = str(raw[i]).strip()
             what = "missing value" if text == "" else f"{text!r} is not a finite number"
             raise InputError(f"{loc(i, col)}: {what}")
         if col in INTEGER:
@@ -233,7 +283,7 @@ def _validate_table(df: pd.DataFrame, src: str, lines) -> pd.DataFrame:
     order("latency_ms_mean", "latency_ms_max", "the maximum cannot be below the mean")
 
     batch = values["batch"].astype(np.int64)
-    seq = values["seq_len"].astype(np.int64) if "seq_len" in values else np.zeros(len(df), np.int64)
+    seq = values["seq_len"].astype(np.int64) if "seq_len" in values else np.zeros(n_rows, np.int64)
     seen: dict = {}
     for i, key in enumerate(zip(seq.tolist(), batch.tolist())):
         if key in seen:
@@ -250,14 +300,18 @@ def _validate_table(df: pd.DataFrame, src: str, lines) -> pd.DataFrame:
                     raise InputError(f"{where(src, None, 'seq_len')}: incomplete grid: no row for batch={b}, "
                                      f"seq_len={s} (every batch x seq_len combination must be measured)")
 
-    out = pd.DataFrame({"batch": batch, "seq_len": seq})
+    out = {"batch": batch, "seq_len": seq}
     for col in REQUIRED[1:] + OPTIONAL[1:]:
         if col in values:
             out[col] = values[col].astype(np.int64) if col in INTEGER else values[col]
     for col in cols:  # unknown columns travel along, unvalidated
-        if col not in out.columns:
-            out[col] = df[col].to_numpy()
-    return out.sort_values(["seq_len", "batch"], kind="stable").reset_index(drop=True)
+        if col not in out:
+            out[col] = np.asarray(data[col][0])
+    order = np.lexsort((batch, seq))  # cells are unique, so the order is total
+    for col, v in out.items():
+        out[col] = v[order]
+        out[col].flags.writeable = False
+    return out
 
 
 def _read_meta(side: Path) -> dict:
@@ -309,7 +363,7 @@ def _samples_to_arrays(samples) -> dict:
     return {"batch": cat(b, np.int64), "seq_len": cat(s, np.int64), "latency_ms": cat(x, np.float64)}
 
 
-def _validate_samples(z: dict, table: pd.DataFrame, src: str) -> dict:
+def _validate_samples(z: dict, columns: dict, src: str) -> dict:
     for key in ("batch", "seq_len", "latency_ms"):
         if key not in z:
             raise InputError(f"{where(src, None, key)}: missing array (a samples file holds batch, seq_len, latency_ms)")
@@ -329,7 +383,7 @@ def _validate_samples(z: dict, table: pd.DataFrame, src: str) -> dict:
         i = int(np.flatnonzero(bad)[0])
         raise InputError(f"{where(src, None, 'latency_ms')}: sample {i} is {float(lat[i])!r}; samples must be finite and > 0 ms")
     batch, seq = arrs["batch"].astype(np.int64), arrs["seq_len"].astype(np.int64)
-    cells = list(zip(table["seq_len"].tolist(), table["batch"].tolist()))
+    cells = list(zip(columns["seq_len"].tolist(), columns["batch"].tolist()))
     known = set(cells)
     order = np.lexsort((lat, batch, seq))
     batch, seq, lat = batch[order], seq[order], lat[order]
@@ -364,7 +418,9 @@ def save_profile(profile_or_df, meta: dict | None, path: str | os.PathLike, samp
         prof = profile_or_df
         meta = dict(prof.meta if meta is None else meta)
         samples = prof.samples if samples is None else samples
-        prof = Profile.from_frame(prof.table, meta, samples, path)
+        known = REQUIRED + OPTIONAL  # already numbers in a Profile; unknown columns are never parsed
+        prof = Profile._from_columns({k: (v, v.astype(np.float64) if k in known else None)
+                                      for k, v in prof.columns.items()}, meta, samples, path)
     else:
         prof = Profile.from_frame(profile_or_df, meta, samples, path)
     meta = dict(prof.meta)

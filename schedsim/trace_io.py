@@ -37,15 +37,18 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from schedsim.errors import InputError, where
 from schedsim.files import replaced_atomically
 from schedsim.trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where used: `schedsim run` must not pay its ~0.35 s
 
 __all__ = [
     "COLUMNS", "PUBLIC_TRACES", "load_trace", "save_trace", "scale_rate", "head",
@@ -131,11 +134,20 @@ def _read_csv(p: Path, types: dict[str, pa.DataType], *, raw: bool = False) -> p
     return pcsv.read_csv(p, read_options=pcsv.ReadOptions(encoding="utf8"), convert_options=convert)
 
 
-def _numpy(col: pa.ChunkedArray) -> np.ndarray:
-    """Column to numpy; nulls (blank fields) become NaN."""
+def _numpy(col) -> np.ndarray:
+    """Numeric Array or ChunkedArray to numpy; nulls (blank fields) become NaN.
+
+    Without nulls, DLPack hands the buffer over (zero-copy, read-only). Not pyarrow's
+    ``to_numpy``: that goes through pyarrow's pandas layer, which imports pandas
+    (about 0.35 s) on first use. Nulls only appear in traces that then fail validation.
+    """
     if col.null_count:
-        col = pc.cast(col, pa.float64())
-    return col.to_numpy()
+        return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if hasattr(col, "__dlpack__"):  # pyarrow >= 15
+        return np.from_dlpack(col)
+    return col.to_numpy(zero_copy_only=False)
 
 
 def _load_csv(p: Path, name: str, header: list[str]) -> Trace:
@@ -170,6 +182,8 @@ def _load_csv(p: Path, name: str, header: list[str]) -> Trace:
 
 def _csv_diagnose(p, name, header, numeric, error) -> dict[str, np.ndarray]:
     """Find the first malformed row or non-number and raise; else return float columns."""
+    import pandas as pd  # only after a failed parse: `schedsim run` must not pay for pandas
+
     reader = None
     try:
         with open(p, newline="", encoding="utf-8-sig") as f:
@@ -304,18 +318,19 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
 
 def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, np.ndarray]:
     """Space-separated integers per row into CSR (offsets, ids); blank means none."""
-    strings = pc.utf8_trim_whitespace(strings)
-    strings = pc.if_else(pc.equal(strings, ""), pa.scalar(None, pa.string()), strings)
-    lists = pc.utf8_split_whitespace(strings)
-    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-    flat = pc.list_flatten(lists)
+    lists = pc.utf8_split_whitespace(pc.utf8_trim_whitespace(strings))
+    flat, rows = pc.list_flatten(lists), pc.list_parent_indices(lists)
+    # A blank field splits into one empty token: drop those. Computed without Python
+    # scalars (a cast to bool is "length > 0"): converting one imports pandas, see _numpy.
+    nonempty = pc.cast(pc.utf8_length(flat), pa.bool_())
+    flat, rows = flat.filter(nonempty), _numpy(rows.filter(nonempty))
+    lengths = np.bincount(rows, minlength=len(strings))
     try:
-        ids = pc.cast(flat, pa.int64()).to_numpy()
+        ids = _numpy(pc.cast(flat, pa.int64()))
     except pa.ArrowInvalid:
         ok = pc.match_substring_regex(flat, r"^[+-]?\d+$").to_numpy(zero_copy_only=False)
         k = int(np.flatnonzero(~ok)[0])
-        row = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
-        raise InputError(f"{locate(row, 'hash_ids')}: {flat[k].as_py()!r} is not an integer") from None
+        raise InputError(f"{locate(int(rows[k]), 'hash_ids')}: {flat[k].as_py()!r} is not an integer") from None
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return offsets, ids
@@ -333,7 +348,9 @@ def _load_parquet(p: Path, name: str) -> Trace:
         raise InputError(f"{name}: no arrival_s column (columns found: {', '.join(names)})")
     wanted = [c for c in COLUMNS if c in names]
     try:
-        table = pq.read_table(p, columns=wanted)
+        # ParquetFile, not pq.read_table: the dataset layer behind that imports pandas.
+        with pq.ParquetFile(p) as f:
+            table = f.read(columns=wanted)
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{name}: not a readable Parquet file: {_first_line(e)}") from None
     if table.num_rows == 0:
@@ -347,9 +364,9 @@ def _load_parquet(p: Path, name: str) -> Trace:
             raise InputError(f"{name}: {c}: column has type {t}, expected numbers")
         col = table.column(c)
         if c == "request_id" and pa.types.is_integer(t) and col.null_count == 0:
-            cols[c] = col.to_numpy().astype(np.int64)
+            cols[c] = _numpy(col).astype(np.int64)
         else:
-            cols[c] = pc.cast(col, pa.float64()).to_numpy()  # nulls become NaN
+            cols[c] = _numpy(pc.cast(col, pa.float64()))  # nulls become NaN
     trace = _build(cols, _RowLocator(name), name)
     if "hash_ids" in wanted:
         col = table.column("hash_ids").combine_chunks()
@@ -368,10 +385,12 @@ def _load_parquet(p: Path, name: str) -> Trace:
 
 
 def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
-    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    # Lengths counted from parent indices (a null list has none, as list_flatten agrees):
+    # fill_null(list_value_length, 0) would convert the Python 0 and import pandas, see _numpy.
+    lengths = np.bincount(_numpy(pc.list_parent_indices(col)), minlength=len(col))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    ids = pc.cast(pc.list_flatten(col), pa.int64()).to_numpy(zero_copy_only=False)
+    ids = _numpy(pc.cast(pc.list_flatten(col), pa.int64()))
     return offsets, np.ascontiguousarray(ids, dtype=np.int64)
 
 
@@ -379,6 +398,8 @@ def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
 
 def _load_azure(p: Path, name: str) -> Trace:
     """Azure LLM inference trace 2023: ``TIMESTAMP,ContextTokens,GeneratedTokens``."""
+    import pandas as pd  # for the timestamp parsing; schedsim's own formats never need it
+
     locate = _CsvLocator(p, name)
     tokens = AZURE_HEADER[1:]
     try:
@@ -411,8 +432,10 @@ def _load_azure(p: Path, name: str) -> Trace:
                                request_id=rid, source=name, meta=meta)
 
 
-def _azure_ns(ts: pd.Series, locate) -> np.ndarray:
+def _azure_ns(ts: "pd.Series", locate) -> np.ndarray:
     """``YYYY-mm-dd HH:MM:SS[.fffffff]`` to int64 ns; datetime would round the 7th digit."""
+    import pandas as pd
+
     ts = ts.astype(str).str.strip()
     whole = ts.str.slice(0, 19)
     frac = ts.str.slice(19)
@@ -446,7 +469,7 @@ def _load_mooncake(p: Path, name: str) -> Trace:
     fields = {"timestamp": "arrival_s", "input_length": "input_tokens", "output_length": "output_tokens"}
     cols = {}
     for key, col in fields.items():
-        values = table.column(key).to_numpy(zero_copy_only=False)
+        values = _numpy(table.column(key))
         if np.all(np.isnan(values)):
             raise InputError(f"{name}: no {key!r} field in any line; expected Mooncake JSON lines "
                              '{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}')

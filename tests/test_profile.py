@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -247,3 +249,16 @@ def test_required_columns_constant():
     assert REQUIRED[0] == "batch" and "n" in REQUIRED
     assert isinstance(Profile.from_frame(frame()), Profile)
     assert re.search("<memory>", Profile.from_frame(frame()).source)
+
+
+def test_run_does_not_import_pandas():
+    # pandas costs about 0.35 s of start-up, and `schedsim run` is benchmarked whole; a
+    # subprocess, so that what this test process has imported does not matter.
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, schedsim.cli\n"
+            "rc = schedsim.cli.main(['run', 'traces/poisson_2000rps.csv', '--policy', 'dynamic', '--json'])\n"
+            "print('rc', rc, 'pandas' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "rc 0 False", done.stderr
+    assert json.loads(done.stdout)["completed"] > 0
