@@ -63,6 +63,8 @@ class _Driver:
         self.timer_at = NEVER
         self.decisions = [] if record else None
         self.keep_order = bool(getattr(policy, "preserve_ordering", False))
+        # Skip the call for policies that do not override the no-op hook (most of them).
+        self.tells_batch_done = getattr(type(policy), "on_batch_done", None) is not Policy.on_batch_done
 
     def run(self) -> SimResult:
         self.policy.reset(self.req, self.instances)
@@ -93,7 +95,8 @@ class _Driver:
         self.idle.append(instance)
         if len(self.idle) > 1:
             self.idle.sort()
-        self.policy.on_batch_done(now, instance, rows)
+        if self.tells_batch_done:
+            self.policy.on_batch_done(now, instance, rows)
         self.dirty = True
         if self.env.peek() > now:
             self._decide_now(now)  # nothing else happens at this instant: decide inline

@@ -508,6 +508,7 @@ def test_dynamic_fast_path_matches_the_general_path(req, cfg, instances, one_seq
         def reset(self, requests, instances):
             super().reset(requests, instances)
             self._fast = False
+            self.decide = self._decide_general
 
     fast, general = DynamicBatcher(**cfg), General(**cfg)
     a = simulate(req, fast, FixedCost(0.3), instances=instances, record=True)
