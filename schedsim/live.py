@@ -45,8 +45,8 @@ from queue import SimpleQueue
 
 import numpy as np
 
-from schedsim.policy import NEVER, REJECT_TIMEOUT, Decision, Requests
-from schedsim.results import (COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
+from schedsim.policy import NEVER, REJECT_TIMEOUT, Requests
+from schedsim.results import (ask, COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
                                RUNNING, PolicyError, SimResult)
 
 BATCH_COLUMNS = ("batch", "instance", "requests", "samples", "seq_len", "trigger", "trigger_s",
@@ -216,18 +216,13 @@ class _Driver:
 
     def _decide(self, now: int, trigger: int, target_ns: int) -> None:
         self.decisions += 1
-        decision = self.policy.decide(now, list(self.idle))
-        if type(decision) is not Decision and not isinstance(decision, Decision):
-            raise PolicyError(f"{type(self.policy).__name__}.decide returned {decision!r}, not a Decision")
+        decision = ask(self.policy, now, list(self.idle))
         for reject in decision.rejects:
             self._reject(now, reject)
         for launch in decision.launches:
             self._launch(now, launch, trigger, target_ns)
         wake = decision.wake_at_ns
         if wake < NEVER and wake != self.timer_at:
-            if wake <= now:
-                raise PolicyError(f"{type(self.policy).__name__} asked to wake at {wake} ns, "
-                                  f"not after now ({now} ns)")
             self.timer_at = wake
         if decision.wake_on_arrival and self.delivered < self.n:
             # The last arrival also ends the trace: always worth a wake-up (as the simulator).

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schedsim.policy import Requests
+from schedsim.policy import Decision, Requests
 
 # Per-request status codes (the ``status`` column).
 QUEUED, RUNNING, COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, FAILED = range(6)
@@ -21,6 +21,17 @@ REJECT_STATUS = {"queue_full": REJECTED_QUEUE_FULL, "timeout": REJECTED_TIMEOUT}
 
 class PolicyError(RuntimeError):
     """A policy broke a driver's contract (a bug in the policy, not bad input)."""
+
+
+def ask(policy, now_ns: int, idle: list[int]) -> Decision:
+    """``policy.decide`` with the checks both drivers need before applying the answer."""
+    decision = policy.decide(now_ns, idle)
+    if not isinstance(decision, Decision):
+        raise PolicyError(f"{type(policy).__name__}.decide returned {decision!r}, not a Decision")
+    if decision.wake_at_ns <= now_ns:
+        raise PolicyError(f"{type(policy).__name__} asked to wake at {decision.wake_at_ns} ns, "
+                          f"not after now ({now_ns} ns)")
+    return decision
 
 
 @dataclass(eq=False)

@@ -14,9 +14,9 @@ import numpy as np
 import simpy
 
 from schedsim.events import COMPLETION, DECISION, Scheduled
-from schedsim.policy import NEVER, Decision, Policy, Requests
+from schedsim.policy import NEVER, Policy, Requests
 
-from schedsim.results import (COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
+from schedsim.results import (ask, COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
                               PolicyError, SimResult)
 
 
@@ -120,18 +120,13 @@ class _Driver:
         if not self.dirty:
             return  # a second wake-up at this instant with nothing new to decide on
         self.dirty = False
-        decision = self.policy.decide(now, list(self.idle))
-        if type(decision) is not Decision and not isinstance(decision, Decision):
-            raise PolicyError(f"{type(self.policy).__name__}.decide returned {decision!r}, not a Decision")
+        decision = ask(self.policy, now, list(self.idle))
         for reject in decision.rejects:
             self._reject(now, reject)
         for launch in decision.launches:
             self._launch(now, launch)
         wake = decision.wake_at_ns
         if wake < NEVER and wake != self.timer_at:
-            if wake <= now:
-                raise PolicyError(f"{type(self.policy).__name__} asked to wake at {wake} ns, "
-                                  f"not after now ({now} ns)")
             self.timer_at = wake
             Scheduled(self.env, wake - now, DECISION, self._on_timer, wake)
         if decision.wake_on_arrival:
