@@ -34,8 +34,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -708,6 +706,9 @@ def fetch_public_trace(name: str, dest_dir, *, url: str | None = None, timeout_s
     dest = dest_dir / filename
     if dest.is_file() and sha256_file(dest) == sha:
         return dest
+    import urllib.error  # here: only downloads need the HTTP stack (and its import time)
+    import urllib.request
+
     h = hashlib.sha256()
     with replaced_atomically(dest) as tmp:
         with open(tmp, "wb") as out:
