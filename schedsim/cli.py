@@ -61,6 +61,7 @@ def run(
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
     dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="Per-batch host overhead (default: the profile's measured value).")] = None,
     wake_overhead_us: Annotated[Optional[float], typer.Option(help="Extra cost of a batch that wakes an idle serving loop (default: the profile's value, else 0).")] = None,
+    contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
     json_output: o.JsonOutput = False,
@@ -80,7 +81,7 @@ def run(
         profile=profile, triton_config=triton_config, instances=instances, seed=seed,
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
-        wake_overhead_us=wake_overhead_us, out=out, plot=plot)
+        wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot)
     outcome = execute(spec)
     if json_output:
         o.print_json(outcome.summary)

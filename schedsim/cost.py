@@ -122,6 +122,22 @@ class CostModel:
                    dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len,
                    wake_overhead_s=wake_overhead_s)
 
+    def with_contention(self, concurrent: dict) -> "CostModel":
+        """Attach cost models measured with several instances running at once on one GPU
+        (``{2: CostModel of a profile measured with --instances 2, ...}``); see :meth:`at_concurrency`."""
+        self._concurrent = {int(k): v for k, v in concurrent.items() if int(k) > 1}
+        return self
+
+    def at_concurrency(self, instances_busy: int) -> "CostModel":
+        """The model for a batch launched while ``instances_busy`` instances (itself included)
+        run on the GPU: the attached model with the largest concurrency not above it, else this
+        one. Concurrency is taken at launch; later starts and ends are not followed."""
+        best = self
+        for k, model in sorted(getattr(self, "_concurrent", {}).items()):
+            if k <= instances_busy:
+                best = model
+        return best
+
     def __repr__(self) -> str:
         return (f"CostModel({self.profile.source!r}, spread={self.spread!r}, extrapolate={self.extrapolate}, "
                 f"dispatch_overhead_s={self.dispatch_overhead_s!r})")

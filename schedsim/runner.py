@@ -42,6 +42,8 @@ class RunSpec:
     """Per-batch host overhead; None = the profile's measured value."""
     wake_overhead_us: float | None = None
     """Extra cost of a batch that wakes an idle serving loop; None = the profile's value (or 0)."""
+    contention_profiles: tuple = ()
+    """Profiles measured with several instances at once on one GPU; () = the sidecar's list."""
     out: Path | None = None
     """Output directory."""
     plot: bool = False
@@ -139,6 +141,9 @@ def execute(spec: RunSpec) -> RunOutcome:
         load_profile(profile_path), spread=spec.spread, extrapolate=spec.extrapolate,
         dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6,
         wake_overhead_s=None if spec.wake_overhead_us is None else spec.wake_overhead_us / 1e6)
+    contention = contention_models(spec, profile_path, cost) if instances > 1 else {}
+    if contention:
+        cost.with_contention(contention)
     policy.reset(requests, instances)
     largest = policy.max_batch_samples()
     if largest is not None:
@@ -157,6 +162,7 @@ def execute(spec: RunSpec) -> RunOutcome:
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
         "wake_overhead_us": cost.wake_overhead_s * 1e6,
+        "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
     }
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
              f"{instances} instance{'s' if instances > 1 else ''}, profile {Path(profile_path).name}")
@@ -165,6 +171,28 @@ def execute(spec: RunSpec) -> RunOutcome:
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
                                         spec.warmup_s)
     return outcome
+
+
+def contention_models(spec: RunSpec, profile_path, cost) -> dict:
+    """Cost models for batches that share the GPU with other instances' batches, keyed by how
+    many run at once (each profile's sidecar ``instances``)."""
+    from schedsim.cost import CostModel
+    from schedsim.profile import load_profile
+
+    base = Path(profile_path).parent
+    paths = [Path(p) for p in spec.contention_profiles] or [
+        base / p for p in cost.profile.meta.get("contention_profiles", [])]
+    models = {}
+    for path in paths:
+        profile = load_profile(path)
+        k = int(profile.meta.get("instances", 1) or 1)
+        if k < 2:
+            raise InputError(f"{path}: instances: {k}; a contention profile is measured with "
+                             "several instances at once (schedsim profile --instances K)")
+        # The wake-up overhead is the serving loop's, added once by the driver from the base model.
+        models[k] = CostModel.from_profile(profile, spread=spec.spread, extrapolate=spec.extrapolate,
+                                           wake_overhead_s=0.0)
+    return models
 
 
 def _size_flag(policy: str) -> str:

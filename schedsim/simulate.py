@@ -55,6 +55,7 @@ class _Driver:
         # serving loop; any later one first wakes an idle loop and pays the cost's wake overhead.
         self.freed_at = [-1] * instances
         self.wake_ns = int(round(getattr(cost, "wake_overhead_s", 0.0) * 1e9))
+        self.concurrency_aware = instances > 1 and hasattr(cost, "at_concurrency")
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER  # of row `delivered`
         self.decision_pending = False
@@ -123,6 +124,8 @@ class _Driver:
         decision = ask(self.policy, now, list(self.idle))
         for reject in decision.rejects:
             self._reject(now, reject)
+        # Batches launched together run together: each sees the others in its concurrency.
+        self.busy_after = self.instances - len(self.idle) + len(decision.launches)
         for launch in decision.launches:
             self._launch(now, launch)
         wake = decision.wake_at_ns
@@ -173,7 +176,8 @@ class _Driver:
                 seq_len = int(self.req.seq_len[rows].max())  # mixed lengths run padded to the longest
             count = rows.size
         self.idle.remove(instance)
-        service_ns = int(round(self.cost.sample_s(samples, seq_len, self.rng) * 1e9))
+        cost = self.cost.at_concurrency(self.busy_after) if self.concurrency_aware else self.cost
+        service_ns = int(round(cost.sample_s(samples, seq_len, self.rng) * 1e9))
         if self.freed_at[instance] != now:
             service_ns += self.wake_ns
         self.batches.append((now, now + service_ns, instance, samples, count))

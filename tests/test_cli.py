@@ -182,6 +182,17 @@ def test_bad_flags(small_trace, args, needles):
     assert_one_line_error(schedsim("run", small_trace, *args), *needles)
 
 
+def test_contention_profile_must_be_measured_with_several_instances(small_trace):
+    assert_one_line_error(schedsim("run", small_trace, "--instances", "2", "--contention-profile", PROFILE),
+                          "linear_profile.csv", "instances")
+
+
+def test_default_profile_prices_two_instances_with_its_contention_profile(small_trace):
+    proc = schedsim("run", small_trace, "--instances", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "2" in json.loads(proc.stdout)["config"]["contention_profiles"]
+
+
 def test_malformed_triton_config(tmp_path, small_trace):
     config = tmp_path / "config.pbtxt"
     config.write_text("max_batch_size: 8\ndynamic_batching { prefered_batch_size: [4] }\n")

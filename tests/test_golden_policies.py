@@ -252,3 +252,28 @@ def test_a_batch_that_wakes_an_idle_loop_pays_the_wake_overhead():
     req = Requests.from_trace(Trace.from_arrivals([0, 0.0002, 0.010]))
     result = simulate(req, NoBatching(), _WakeCost(), record=True)
     assert (result.batch_end_ns - result.batch_start_ns).tolist() == [1_500_000, 1_000_000, 1_500_000]
+
+
+class _SharedGpuCost:
+    """1 ms alone, 3 ms when two instances run at once (as a contention profile would say)."""
+
+    def __init__(self, ms=1.0, contended=None):
+        self.ms, self.contended = ms, contended
+
+    def sample_s(self, samples, seq_len, rng):
+        return self.ms / 1e3
+
+    def at_concurrency(self, busy):
+        return self.contended if busy >= 2 and self.contended else self
+
+
+def test_batches_that_share_the_gpu_are_priced_by_the_contention_model():
+    from schedsim.policy import Requests
+    from schedsim.simulate import simulate
+    from schedsim.trace import Trace
+
+    # Rows 0 and 1 launch together on two instances: both 3 ms. Row 2 arrives when both are
+    # idle again and runs alone: 1 ms.
+    req = Requests.from_trace(Trace.from_arrivals([0, 0, 0.010]))
+    result = simulate(req, NoBatching(), _SharedGpuCost(1.0, _SharedGpuCost(3.0)), instances=2)
+    assert (result.batch_end_ns - result.batch_start_ns).tolist() == [3_000_000, 3_000_000, 1_000_000]

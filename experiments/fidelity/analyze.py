@@ -61,8 +61,10 @@ def analyze_cell(cell_dir: Path, profiles: dict, replications: int) -> list[dict
         write_outputs(cell_dir, live, trace.request_id, summary)  # same summary, plus requests.csv
     warmup = cfg["warmup_s"]
     rows = []
-    for label, (profile, wake_s) in profiles.items():
+    for label, (profile, wake_s, contention) in profiles.items():
         cost = CostModel.from_profile(profile, wake_overhead_s=wake_s)
+        if contention:
+            cost.with_contention({k: CostModel.from_profile(p, wake_overhead_s=0.0) for k, p in contention.items()})
         sims = [simulate(Requests.from_trace(trace), build_policy(cfg["policy"], dict(cfg["params"])), cost,
                          instances=cfg["instances"], seed=1 + r) for r in range(replications)]
         sums = [summarize(s, warmup) for s in sims]
@@ -161,17 +163,22 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--replications", type=int, default=5)
     ap.add_argument("--calibration", type=Path, help="calibrate_h200.py's output: adds model c, the "
-                    "committed profile plus the measured wake overhead")
+                    "committed profile plus the measured wake overhead, and model d, c plus the "
+                    "2-instance profile for batches that share the GPU")
     args = ap.parse_args(argv)
     committed = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     # a and b: the tables and their dispatch overhead alone (no wake-up term)
-    profiles = {"a": (committed, 0.0)}
+    profiles = {"a": (committed, 0.0, None)}
     same = args.run / "profile" / "samecall.csv"
     if same.exists():
-        profiles["b"] = (load_profile(same), 0.0)
+        profiles["b"] = (load_profile(same), 0.0, None)
     if args.calibration:
-        profiles["c"] = (committed, wake_overhead_s(args.calibration, committed))
-        print(f"wake overhead from the calibration: {profiles['c'][1] * 1e6:.1f} us", flush=True)
+        wake = wake_overhead_s(args.calibration, committed)
+        print(f"wake overhead from the calibration: {wake * 1e6:.1f} us", flush=True)
+        profiles["c"] = (committed, wake, None)
+        # d: c, and batches sharing the GPU priced by the profile measured with 2 instances
+        duo = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv")
+        profiles["d"] = (committed, wake, {2: duo})
     rows = []
     for cell_dir in sorted((args.run / "cells").iterdir()):
         if (cell_dir / "summary.json").exists():
