@@ -82,6 +82,6 @@ def policy_params(*, preferred_batch_size, param, **flags) -> dict:
 
 
 def print_json(summary: dict) -> None:
-    from schedsim.report import _json_safe
+    from schedsim.files import json_safe
 
-    print(json.dumps(_json_safe(summary), indent=2, sort_keys=True))
+    print(json.dumps(json_safe(summary), indent=2, sort_keys=True))

@@ -1,11 +1,14 @@
 """The event core: simpy's heap, with a fixed order for simultaneous events.
 
 simpy orders its heap by ``(time, priority, sequence number)``. schedsim schedules every
-event with one of the three priorities below, so at one instant the order is always:
+event with one of the two priorities below, so at one instant the order is always:
 
 1. completions   (an instance that finishes at t is free for a batch formed at t)
-2. arrivals      (a request that arrives at t can join a batch formed at t)
-3. decisions     (the policy decides once, after everything that happened at t)
+2. decisions     (the policy decides once, after everything that happened at t)
+
+Arrivals are not events of their own: every decision first delivers the requests that
+have arrived by its time, so a request that arrives at t can join a batch formed at t,
+and waking up for an arrival is a decision event at the arrival time.
 
 The sequence number keeps events of equal time and priority in scheduling order, which
 makes runs deterministic. Time is an integer number of nanoseconds, so ties are exact:
@@ -20,8 +23,7 @@ import simpy
 from simpy.events import Event
 
 COMPLETION = 0
-ARRIVAL = 1
-DECISION = 2
+DECISION = 1
 
 
 class Scheduled(Event):

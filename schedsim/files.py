@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 
 @contextmanager
@@ -20,3 +24,22 @@ def replaced_atomically(path: str | os.PathLike):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def json_safe(value):
+    """``value`` with numpy scalars as Python numbers and NaN/inf as null, for strict JSON."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """``obj`` as sorted, indented JSON, written atomically."""
+    with replaced_atomically(path) as tmp:
+        tmp.write_text(json.dumps(json_safe(obj), indent=2, sort_keys=True, default=str) + "\n")

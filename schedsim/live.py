@@ -606,23 +606,15 @@ def _extra(driver: _Driver, result: SimResult, warmup_s: float) -> dict:
 def write_batches_csv(path, batches: dict) -> None:
     """DIR/batches.csv: one row per batch (see BATCH_COLUMNS), written atomically."""
     import csv
-    import os
-    import tempfile
-    from pathlib import Path
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(BATCH_COLUMNS)
-            cols = [batches[c] for c in BATCH_COLUMNS]
-            for row in zip(*cols):
-                w.writerow([_cell(v) for v in row])
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from schedsim.files import replaced_atomically
+
+    with replaced_atomically(path) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(BATCH_COLUMNS)
+        cols = [batches[c] for c in BATCH_COLUMNS]
+        for row in zip(*cols):
+            w.writerow([_cell(v) for v in row])
 
 
 def _cell(v) -> str:
@@ -641,10 +633,10 @@ def write_live_outputs(out_dir, result: SimResult, request_id: np.ndarray, summa
     engine timings); ``live.json`` holds those, ``info`` (backend, model, machine) and
     the failures.
     """
-    import json
     from pathlib import Path
 
-    from schedsim.report import _atomic, _json_safe, write_outputs
+    from schedsim.files import write_json
+    from schedsim.report import write_outputs
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -659,6 +651,5 @@ def write_live_outputs(out_dir, result: SimResult, request_id: np.ndarray, summa
     path = out_dir / "batches.csv"
     write_batches_csv(path, extra["batches"])
     live_json = out_dir / "live.json"
-    _atomic(live_json, lambda tmp: Path(tmp).write_text(
-        json.dumps(_json_safe(info | stats), indent=2, sort_keys=True, default=str) + "\n"))
+    write_json(live_json, info | stats)
     return [path, live_json] + write_outputs(out_dir, result, request_id, summary, plot, warmup_s)

@@ -6,15 +6,13 @@ is written last, so an interrupted run never leaves a directory that looks compl
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from schedsim.files import replaced_atomically
+from schedsim.files import replaced_atomically, write_json
 from schedsim.results import STATUS_NAMES, SimResult
 
 
@@ -47,18 +45,6 @@ def request_table(result: SimResult, request_id: np.ndarray) -> pa.Table:
     })
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summary: dict,
                   plot: bool = False, warmup_s: float = 0.0) -> list[Path]:
     """Write DIR/requests.csv, optional plots, then DIR/summary.json; return the paths."""
@@ -74,7 +60,6 @@ def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summ
         from schedsim.plots import write_plots  # matplotlib only when asked for
 
         written += write_plots(out_dir, result, warmup_s, _atomic)
-    _atomic(summary_path, lambda tmp: Path(tmp).write_text(
-        json.dumps(_json_safe(summary), indent=2, sort_keys=True) + "\n"))
+    write_json(summary_path, summary)
     written.append(summary_path)
     return written

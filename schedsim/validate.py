@@ -137,7 +137,8 @@ def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
                   warmup_s=live.get("config", {}).get("warmup_s"))
     out_dir = Path(out) if out is not None else Path(live_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from schedsim.report import _atomic, _json_safe
+    from schedsim.files import write_json
+    from schedsim.report import _atomic
 
     written = []
     if plot:
@@ -145,7 +146,7 @@ def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     path = out_dir / "validation.json"
     written.append(path)
     report["written"] = [str(p) for p in written]
-    _atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n"))
+    write_json(path, report)
     return report
 
 

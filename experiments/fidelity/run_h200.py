@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity.cells import CELLS, capacity_rps, committed_profile_means  # noqa: E402
+from schedsim.files import json_safe  # noqa: E402
 from schedsim.live import run_live, write_batches_csv  # noqa: E402
 from schedsim.metrics import summarize  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
@@ -70,7 +71,7 @@ def write_cell(cell_dir: Path, cell: dict, trace: Trace, result, extra: dict, wa
                         batch_requests=result.batch_requests, arrival_ns=result.requests.arrival_ns)
     write_batches_csv(cell_dir / "batches.csv", extra["batches"])
     stats = {k: v for k, v in extra.items() if k != "batches"}
-    (cell_dir / "live.json").write_text(_json.dumps(_plain(info | stats | {"cell": cell}), indent=2, default=str))
+    (cell_dir / "live.json").write_text(_json.dumps(json_safe(info | stats | {"cell": cell}), indent=2, default=str))
     summary = summarize(result, warmup_s)
     summary["partial"] = bool(extra["partial"])
     summary["live"] = {k: stats[k] for k in ("issue_lateness_us", "timer_lateness_us", "dispatch_us",
@@ -80,19 +81,7 @@ def write_cell(cell_dir: Path, cell: dict, trace: Trace, result, extra: dict, wa
                          "driver": "live", "backend": "torch", "model": "builtin:bert-base", "device": "cuda",
                          "precision": "fp16", "cuda_graphs": True, "spin_us": cell.get("spin_us", 0.0)}
     # requests.csv is left to analyze.py (from result.npz): it is the bulk of the output.
-    (cell_dir / "summary.json").write_text(_json.dumps(_plain(summary), indent=2, sort_keys=True) + "\n")
-
-
-def _plain(v):
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, float) and not np.isfinite(v):
-        return None
-    return v
+    (cell_dir / "summary.json").write_text(_json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:
@@ -173,7 +162,7 @@ def main(argv=None) -> int:
                   f"dispatch {extra['dispatch_us'].get('mean', 0):5.1f} us  [{time.perf_counter() - t_start:.0f} s]",
                   flush=True)
     meta = machine_metadata(gpu_before)
-    (out / "run_info.json").write_text(json.dumps(_plain({
+    (out / "run_info.json").write_text(json.dumps(json_safe({
         "cells_done": done, "cells_skipped_budget": skipped, "wall_s": time.perf_counter() - t_start,
         "duration_s": args.duration_s, "warmup_s": args.warmup_s, "machine": meta}), indent=2, default=str))
     print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
