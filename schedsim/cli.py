@@ -65,8 +65,30 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
     json_output: o.JsonOutput = False,
+    model_spec: o.ModelSpec = None,
+    num_gpu_blocks: o.NumGpuBlocks = None,
+    gpu_memory_gb: o.GpuMemoryGb = None,
+    gpu_memory_utilization: o.GpuMemoryUtilization = None,
+    block_size: o.BlockSize = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxNumBatchedTokens = None,
+    enable_prefix_caching: o.EnablePrefixCaching = None,
+    preemption_mode: o.PreemptionMode = None,
+    swap_space_gb: o.SwapSpaceGb = None,
+    watermark: o.Watermark = None,
+    long_prefill_token_threshold: o.LongPrefillTokenThreshold = None,
+    max_model_len: o.MaxModelLen = None,
+    reservation: o.Reservation = None,
+    slo_ttft_ms: o.SloTtftMs = None,
+    slo_tpot_ms: o.SloTpotMs = None,
+    slo_e2e_ms: o.SloE2eMs = None,
 ):
-    """Replay TRACE against a batching policy and report latency, throughput and batching."""
+    """Replay TRACE against a batching policy and report latency, throughput and batching.
+
+    LLM policies (continuous, paged-kv, static on a trace with token columns) report
+    TTFT, TPOT, ITL and end-to-end latency, token throughput and KV use instead.
+    """
+    from schedsim.llm.runner import LLMOptions
     from schedsim.runner import RunSpec, execute
 
     params = o.policy_params(
@@ -82,9 +104,22 @@ def run(
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot)
-    outcome = execute(spec)
+    llm = LLMOptions(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
+                     params=o.llm_params(
+                         model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
+                         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
+                         swap_space_gb=swap_space_gb, watermark=watermark,
+                         long_prefill_token_threshold=long_prefill_token_threshold,
+                         max_model_len=max_model_len, reservation=reservation))
+    outcome = execute(spec, llm)
     if json_output:
         o.print_json(outcome.summary)
+    elif "ttft_p50_ms" in outcome.summary:
+        from schedsim.cli_llm import print_llm_summary
+
+        print_llm_summary(outcome)
     else:
         print_summary(outcome)
 
@@ -95,14 +130,7 @@ def print_summary(outcome) -> None:
     console.print(f"[bold]{outcome.title}[/bold]")
 
     def fmt(key, unit="", digits=3):
-        v = s.get(key)
-        if v is None:
-            return "-"
-        text = f"{v:,.{digits}f}{unit}" if isinstance(v, float) else f"{v:,}{unit}"
-        ci = s.get(f"{key}_ci")
-        if ci:
-            text += f"  [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"
-        return text
+        return o.fmt_metric(s, key, digits, unit)
 
     table = Table(show_header=True, header_style="bold", box=None)
     table.add_column("metric")

@@ -81,7 +81,50 @@ def policy_params(*, preferred_batch_size, param, **flags) -> dict:
     return {k: v for k, v in given.items() if v is not None} | key_values(param)
 
 
+def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
+    """A summary value for a table: thousands separators, and its 95% CI when replicated."""
+    v = summary.get(key)
+    if v is None:
+        return "-"
+    text = f"{v:,.{digits}f}{unit}" if isinstance(v, float) else f"{v:,}{unit}"
+    ci = summary.get(f"{key}_ci")
+    if ci:
+        text += f"  [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"
+    return text
+
+
 def print_json(summary: dict) -> None:
     from schedsim.files import json_safe
 
     print(json.dumps(json_safe(summary), indent=2, sort_keys=True))
+
+
+# --- LLM policies (continuous, paged-kv, static on token traces); vLLM's names -------------
+ModelSpec = Annotated[Optional[str], typer.Option(
+    help="LLM: model spec name (llama-1b default, llama-3-8b, ...) or a JSON / HF config.json file.")]
+NumGpuBlocks = Annotated[Optional[int], typer.Option(help="LLM: KV blocks on the GPU (instead of --gpu-memory-gb).")]
+GpuMemoryGb = Annotated[Optional[float], typer.Option(
+    help="LLM: GPU memory to derive KV blocks from, as vLLM does (default 141, an H200).")]
+GpuMemoryUtilization = Annotated[Optional[float], typer.Option(help="LLM: share of GPU memory vLLM may use (0.9).")]
+BlockSize = Annotated[Optional[int], typer.Option(help="LLM: tokens per KV block (16).")]
+MaxNumSeqs = Annotated[Optional[int], typer.Option(help="LLM: most requests running at once (256).")]
+MaxNumBatchedTokens = Annotated[Optional[int], typer.Option(help="paged-kv: token budget per step (8192).")]
+EnablePrefixCaching = Annotated[Optional[bool], typer.Option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", help="paged-kv: reuse cached full KV blocks of shared prefixes.")]
+PreemptionMode = Annotated[Optional[str], typer.Option(help="paged-kv: recompute (vLLM v1) or swap (vLLM v0).")]
+SwapSpaceGb = Annotated[Optional[float], typer.Option(help="paged-kv swap: host swap space in GiB (4).")]
+Watermark = Annotated[Optional[float], typer.Option(
+    help="paged-kv: share of GPU blocks admissions leave free (0.01 with swap, as vLLM v0; else 0).")]
+LongPrefillTokenThreshold = Annotated[Optional[int], typer.Option(
+    help="paged-kv: most prompt tokens one request computes per step (0 = no limit).")]
+MaxModelLen = Annotated[Optional[int], typer.Option(help="LLM: longest prompt + output (default: the model spec's).")]
+Reservation = Annotated[Optional[str], typer.Option(
+    help="continuous/static LLM: KV reserved per request: max, pow2 or oracle.")]
+SloTtftMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-to-first-token SLO.")]
+SloTpotMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-per-output-token SLO.")]
+SloE2eMs = Annotated[Optional[float], typer.Option(help="LLM goodput: end-to-end latency SLO.")]
+
+
+def llm_params(**flags) -> dict:
+    """The LLM policy parameters the user gave (unset flags are not passed on)."""
+    return {k: v for k, v in flags.items() if v is not None}

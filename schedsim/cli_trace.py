@@ -29,6 +29,8 @@ def gen(
     arrival: str = typer.Option("poisson", "--arrival", help="poisson, gamma, onoff or diurnal."),
     rate: float = typer.Option(..., "--rate", help="Requests/s (onoff: during on periods; diurnal: mean)."),
     cv: Optional[float] = typer.Option(None, "--cv", help="gamma: inter-arrival CV (1 = Poisson)."),
+    burstiness: Optional[float] = typer.Option(None, "--burstiness", help=(
+        "gamma, as `vllm bench serve` says it: the gamma shape (1 = Poisson, < 1 burstier); CV = 1/sqrt(burstiness).")),
     on_s: Optional[float] = typer.Option(None, "--on-s", help="onoff: length of on periods, s."),
     off_s: Optional[float] = typer.Option(None, "--off-s", help="onoff: length of off periods, s."),
     rate_off: float = typer.Option(0.0, "--rate-off", help="onoff: rate during off periods."),
@@ -47,6 +49,12 @@ def gen(
 
     if (n is None) == (duration_s is None):
         raise InputError("trace gen: give exactly one of --n or --duration-s")
+    if burstiness is not None:
+        if cv is not None or arrival != "gamma":
+            raise InputError("--burstiness: goes with --arrival gamma and instead of --cv")
+        if not burstiness > 0:
+            raise InputError(f"--burstiness: {burstiness} is not valid; expected a number > 0")
+        cv = 1.0 / float(np.sqrt(burstiness))
     lengths = {col: parse_length(spec, col, name=flag) if spec is not None else None
                for col, flag, spec in (("batch", "--batch", batch), ("seq_len", "--seq-len", seq_len),
                                        ("input_tokens", "--input-tokens", input_tokens),

@@ -417,7 +417,7 @@ class _Driver:
         ran = b[:, 9] >= 0
         req = self.req
         if keep < self.n:
-            req = Requests(*(getattr(req, f)[:keep] for f in req.__dataclass_fields__))
+            req = req.head(keep)
         res = SimResult(req, self.start_ns[:keep], end[:keep], self.batch_size[:keep],
                         self.instance[:keep], self.status[:keep],
                         b[ran, 7].copy(), b[ran, 9].copy(), b[ran, 1].astype(np.int16),

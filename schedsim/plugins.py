@@ -39,8 +39,9 @@ def load_policy_class(spec: str):
     cls = getattr(module, name, None)
     if cls is None or not inspect.isclass(cls):
         raise InputError(f"--policy: {where} has no class {name!r}")
-    if not callable(getattr(cls, "decide", None)):
-        raise InputError(f"--policy: {spec}: class has no decide(now_ns, idle) method")
+    if not callable(getattr(cls, "decide", None)) and not callable(getattr(cls, "schedule", None)):
+        raise InputError(f"--policy: {spec}: class has no decide(now_ns, idle) method "
+                         f"(request-level) nor schedule(now_ns) method (LLM)")
     return cls
 
 

@@ -56,9 +56,22 @@ class Requests:
     """int32 prompt tokens (LLM policies)."""
     output_tokens: np.ndarray
     """int32 tokens to generate (LLM policies)."""
+    hash_offsets: np.ndarray | None = None
+    """int64, n+1: row i's prefix-block hash ids are ``hash_ids[hash_offsets[i]:hash_offsets[i+1]]``."""
+    hash_ids: np.ndarray | None = None
+    """int64 prefix-block hash ids from the trace (Mooncake's 512-token blocks); None if none."""
+    hash_block_tokens: int = 512
+    """Prompt tokens each hash id names."""
 
     def __len__(self) -> int:
         return int(self.arrival_ns.shape[0])
+
+    def head(self, keep: int) -> "Requests":
+        """The first ``keep`` requests."""
+        hash_offsets = None if self.hash_offsets is None else self.hash_offsets[:keep + 1]
+        return Requests(self.arrival_ns[:keep], self.samples[:keep], self.seq_len[:keep],
+                        self.priority[:keep], self.timeout_ns[:keep], self.input_tokens[:keep],
+                        self.output_tokens[:keep], hash_offsets, self.hash_ids, self.hash_block_tokens)
 
     @classmethod
     def from_trace(cls, trace) -> "Requests":
@@ -67,7 +80,8 @@ class Requests:
         cols = [arrival_ns, trace.batch, trace.seq_len, trace.priority,
                 trace.timeout_us.astype(np.int64) * 1000, trace.input_tokens, trace.output_tokens]
         arrival_ns.flags.writeable = False
-        return cls(*cols)
+        return cls(*cols, hash_offsets=trace.hash_offsets, hash_ids=trace.hash_ids,
+                   hash_block_tokens=int(trace.meta.get("hash_block_tokens", 512)))
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -12,10 +12,11 @@ import numpy as np
 from schedsim.policy import Decision, Requests
 
 # Per-request status codes (the ``status`` column).
-QUEUED, RUNNING, COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, FAILED = range(6)
+QUEUED, RUNNING, COMPLETED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT, FAILED, REJECTED_TOO_LONG = range(7)
 STATUS_NAMES = ("unfinished", "running", "completed", "rejected_queue_full", "rejected_timeout",
-                "failed")
-REJECT_STATUS = {"queue_full": REJECTED_QUEUE_FULL, "timeout": REJECTED_TIMEOUT}
+                "failed", "rejected_too_long")
+REJECT_STATUS = {"queue_full": REJECTED_QUEUE_FULL, "timeout": REJECTED_TIMEOUT,
+                 "too_long": REJECTED_TOO_LONG}
 """Status code for each ``Reject.reason``."""
 
 

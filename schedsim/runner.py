@@ -106,8 +106,8 @@ class RunInputs:
     instances: int
 
 
-def load_inputs(spec: RunSpec) -> RunInputs:
-    """Check the spec, build the policy, load (and rescale) the trace."""
+def load_inputs(spec: RunSpec, trace=None) -> RunInputs:
+    """Check the spec, build the policy, load (and rescale) the trace (unless given)."""
     from schedsim.plugins import build_policy
     from schedsim.policy import Requests
     from schedsim.trace_io import load_trace, scale_rate
@@ -115,7 +115,8 @@ def load_inputs(spec: RunSpec) -> RunInputs:
     _check(spec)
     params, instances = policy_params(spec)
     policy = build_policy(spec.policy, params)
-    trace = load_trace(spec.trace)
+    if trace is None:
+        trace = load_trace(spec.trace)
     if spec.rate_scale != 1.0:
         trace = scale_rate(trace, spec.rate_scale)
     return RunInputs(trace, Requests.from_trace(trace), policy, params, instances)
@@ -127,14 +128,31 @@ def policy_config(spec: RunSpec, inputs: RunInputs) -> dict:
             "instances": inputs.instances, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale}
 
 
-def execute(spec: RunSpec) -> RunOutcome:
+def execute(spec: RunSpec, llm=None) -> RunOutcome:
+    """Run ``spec``; ``llm`` (:class:`~schedsim.llm.runner.LLMOptions`) holds the LLM-only flags."""
+    from schedsim.llm.runner import LLMOptions, execute_llm, is_llm_run, might_be_llm
+
+    trace = None
+    llm = llm or LLMOptions()
+    if might_be_llm(spec.policy, llm):
+        from schedsim.trace_io import load_trace
+
+        _check(spec)
+        trace = load_trace(spec.trace)
+        if is_llm_run(spec.policy, trace):
+            return execute_llm(spec, llm, trace)
+        llm.reject_for_request_level(spec.policy)
+    return _execute_request_level(spec, trace)
+
+
+def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     from schedsim.cost import CostModel
     from schedsim.metrics import combine_replications, summarize
     from schedsim.profile import default_profile_path, load_profile
     from schedsim.report import write_outputs
     from schedsim.simulate import simulate
 
-    inputs = load_inputs(spec)
+    inputs = load_inputs(spec, trace)
     trace, requests, policy, instances = inputs.trace, inputs.requests, inputs.policy, inputs.instances
     profile_path = spec.profile or default_profile_path()
     cost = CostModel.from_profile(

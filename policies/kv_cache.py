@@ -1,0 +1,428 @@
+"""KV-cache block manager: vLLM v1 paged blocks and prefix caching, plus vLLM v0 swap.
+
+Pure Python, deterministic, no simpy and no torch: the ``paged-kv`` and ``continuous``
+policies call it once or more per simulated step, and the live engine reads block ids
+from it. Work per call is proportional to the blocks it touches.
+
+Model (vLLM v1: ``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``, ``kv_cache_utils.py``, in the versions whose
+``BlockPool.free_blocks`` appends every freed block to the tail):
+
+- ``num_blocks`` GPU blocks of ``block_size`` tokens. Block 0 is the null block and is
+  never handed out, so ``usable_blocks == num_blocks - 1``.
+- Every other block is either *free* (ref count 0, in an LRU free queue, possibly still
+  cached) or *held* (ref count = the number of requests holding it).
+- Allocation pops from the head of the free queue; a popped block that is cached loses
+  its key at that moment (eviction).
+- :meth:`free` decrements ref counts and appends the blocks that reach 0 to the tail in
+  reverse order of the request's block list, so a request's tail blocks are evicted
+  first. Freed cached blocks stay findable until popped.
+- Prefix caching stores FULL blocks under caller-supplied keys (the caller chains them,
+  e.g. hash(parent key, block tokens) or Mooncake ``hash_ids``); this class only maps
+  key -> block. A lookup walks the key list to the first miss, and never covers the
+  whole prompt: at most ``num_tokens - 1`` tokens, rounded down to whole blocks.
+- Like vLLM, a key may be held by several blocks (two requests with the same prefix
+  both computed it before either cached it). Lookups return the block that was cached
+  first; when it is evicted the next one takes over (``BlockHashToBlockMap``).
+- When checking whether an allocation fits, hit blocks that are currently free count as
+  consumed capacity, because touching them takes them out of the free queue
+  (``num_evictable_computed_blocks`` in vLLM).
+
+Swap (vLLM v0, ``vllm/core/block_manager.py``): :meth:`swap_out` moves a request's GPU
+blocks to host swap space: its GPU blocks are released exactly as :meth:`free` does
+(their cached keys are KEPT, since the GPU copy stays valid until the block is reused)
+and as many swap blocks are reserved; :meth:`swap_in` takes that many fresh GPU blocks
+from the free-queue head (uncached: call :meth:`cache_blocks` again to re-register
+them) and releases the swap blocks. Shared prefix blocks are copied per request, as v0
+without prefix caching does.
+
+Expected failure is a value: :meth:`allocate` returns ``None`` and changes nothing.
+A broken invariant (unknown request, double free, a request larger than the whole
+cache, swap without room after ``can_swap_*`` said no) raises :class:`KVCacheError`.
+
+Public interface of :class:`KVCacheManager`:
+
+- ``usable_blocks`` / ``block_size`` / ``num_swap_blocks``: sizes (attributes).
+- ``num_free_blocks``: blocks allocatable now (free-queue length, cached ones included).
+- ``num_used_blocks``: distinct blocks held by requests (ref > 0), null block excluded.
+- ``num_free_swap_blocks``: swap blocks not reserved.
+- ``hit_tokens`` / ``queried_tokens``: prefix-cache statistics, tokens found / prompt
+  tokens looked up, added to by :meth:`computed_prefix` only when ``count=True`` so a
+  policy that retries admission every step counts each admission attempt once.
+- ``blocks_needed(num_tokens)``: ceil(num_tokens / block_size).
+- ``computed_prefix(req, keys, num_tokens, count=True)``: cached tokens for a new request.
+- ``allocate(req, num_tokens, keys=None, num_cached_tokens=0, watermark_blocks=0)``:
+  grow ``req`` to cover ``num_tokens``; new blocks taken, or ``None`` if it does not fit.
+- ``cache_blocks(req, num_full_blocks, keys)``: register the request's full blocks.
+- ``free(req)``: release a request's GPU blocks (or its swap blocks if swapped out).
+- ``blocks_of(req)`` / ``holds(req)`` / ``is_swapped(req)``: what a request has.
+- ``can_swap_out(req)`` / ``swap_out(req)`` / ``can_swap_in(req, watermark_blocks=0)`` /
+  ``swap_in(req)``: v0 swap.
+- ``free_block_ids()``: the free queue, head (next to be allocated) first.
+- ``ref_count(block)`` / ``cached_key(block)``: per-block state, for tests and tools.
+- ``state()``: a hashable snapshot of everything, for tests (determinism, no side effects).
+- ``check()``: full invariant check, O(blocks); for tests and debugging only.
+
+Not modelled: vLLM main's newer free path that puts UNcached freed blocks at the head of
+the free queue (LIFO, for GPU locality) rather than the tail; hybrid/sliding-window
+groups; lookahead (speculative) slots; v0's prefix-caching CPU allocator.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+__all__ = ["KVCacheError", "KVCacheManager"]
+
+
+class KVCacheError(AssertionError):
+    """A broken invariant: a caller bug (e.g. freeing an unknown request) or a bug here."""
+
+
+class KVCacheManager:
+    """GPU KV blocks with an LRU free queue and optional prefix caching; host swap space.
+
+    Requests are named by any hashable id (schedsim uses integer trace rows).
+    """
+
+    __slots__ = (
+        "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
+        "num_swap_blocks", "_free", "_ref", "_key", "_cache", "_dups", "_req",
+        "_ncached", "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
+    )
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 num_swap_blocks: int = 0):
+        if int(num_blocks) < 2:
+            raise ValueError(f"num_blocks: {num_blocks!r} is not valid; expected an integer >= 2 "
+                             "(block 0 is reserved)")
+        if int(block_size) < 1:
+            raise ValueError(f"block_size: {block_size!r} is not valid; expected an integer >= 1")
+        if int(num_swap_blocks) < 0:
+            raise ValueError(f"num_swap_blocks: {num_swap_blocks!r} is not valid; expected an integer >= 0")
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.usable_blocks = self.num_blocks - 1
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.num_swap_blocks = int(num_swap_blocks)
+        # Free queue, head first. OrderedDict gives O(1) popleft, append and remove-from-
+        # middle (a cached free block hit by a lookup), all in C.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_blocks))
+        self._ref = [0] * self.num_blocks
+        self._key: list[Hashable | None] = [None] * self.num_blocks   # block -> its cache key
+        self._cache: dict[Hashable, int] = {}          # key -> block lookups return
+        self._dups: dict[Hashable, list[int]] = {}     # key -> later blocks with that key, oldest first
+        self._req: dict[Hashable, list[int]] = {}      # request -> its GPU blocks, in token order
+        self._ncached: dict[Hashable, int] = {}        # request -> leading blocks already cached
+        self._swapped: dict[Hashable, int] = {}        # request -> swap blocks it occupies
+        self._free_swap = self.num_swap_blocks
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+
+    # -- sizes -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.usable_blocks - len(self._free)
+
+    @property
+    def num_free_swap_blocks(self) -> int:
+        return self._free_swap
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- requests ----------------------------------------------------------------------
+
+    def holds(self, req: Hashable) -> bool:
+        """True while ``req`` holds GPU blocks (allocated and neither freed nor swapped out)."""
+        return req in self._req
+
+    def is_swapped(self, req: Hashable) -> bool:
+        return req in self._swapped
+
+    def blocks_of(self, req: Hashable) -> list[int]:
+        """Block ids of ``req`` in token order (a copy); ``[]`` if it holds none."""
+        blocks = self._req.get(req)
+        return list(blocks) if blocks is not None else []
+
+    # -- prefix cache ------------------------------------------------------------------
+
+    def computed_prefix(self, req: Hashable, keys: Sequence[Hashable], num_tokens: int,
+                        count: bool = True) -> int:
+        """Tokens of a new request's ``num_tokens``-token prompt already in the cache.
+
+        ``keys[i]`` is the key of the prompt's block i (full blocks only). The result is
+        hit_blocks * block_size with hit_blocks * block_size <= num_tokens - 1. Read-only;
+        with ``count`` the lookup is added to ``hit_tokens`` / ``queried_tokens``.
+        """
+        if req in self._req or req in self._swapped:
+            raise KVCacheError(f"computed_prefix: request {req!r} already has blocks")
+        if not self.enable_prefix_caching:
+            return 0
+        limit = min(len(keys), (num_tokens - 1) // self.block_size)
+        cache = self._cache
+        hits = 0
+        while hits < limit and keys[hits] in cache:
+            hits += 1
+        tokens = hits * self.block_size
+        if count:
+            self.hit_tokens += tokens
+            self.queried_tokens += num_tokens
+        return tokens
+
+    def cache_blocks(self, req: Hashable, num_full_blocks: int, keys: Sequence[Hashable]) -> None:
+        """Register ``req``'s first ``num_full_blocks`` blocks under ``keys[i]``.
+
+        Blocks already registered are skipped; a key another block already has stays
+        with that block for lookups (this one becomes its successor). No-op when prefix
+        caching is off.
+        """
+        if not self.enable_prefix_caching:
+            return
+        blocks = self._req.get(req)
+        if blocks is None:
+            raise KVCacheError(f"cache_blocks: request {req!r} holds no blocks")
+        start = self._ncached[req]
+        if num_full_blocks <= start:
+            return
+        if num_full_blocks > len(blocks) or num_full_blocks > len(keys):
+            raise KVCacheError(f"cache_blocks: request {req!r} has {len(blocks)} blocks and "
+                               f"{len(keys)} keys, cannot cache {num_full_blocks}")
+        bkey, cache = self._key, self._cache
+        for i in range(start, num_full_blocks):
+            b, k = blocks[i], keys[i]
+            old = bkey[b]
+            if old is not None:
+                if old != k:
+                    raise KVCacheError(f"cache_blocks: block {b} of request {req!r} is cached "
+                                       f"under {old!r}, not {k!r}")
+                continue
+            bkey[b] = k
+            if k in cache:
+                self._dups.setdefault(k, []).append(b)
+            else:
+                cache[k] = b
+        self._ncached[req] = num_full_blocks
+
+    def _uncache(self, b: int) -> None:
+        k = self._key[b]
+        self._key[b] = None
+        if self._cache[k] == b:
+            later = self._dups.get(k)
+            if later:
+                self._cache[k] = later.pop(0)
+                if not later:
+                    del self._dups[k]
+            else:
+                del self._cache[k]
+        else:
+            later = self._dups[k]
+            later.remove(b)
+            if not later:
+                del self._dups[k]
+
+    # -- allocation --------------------------------------------------------------------
+
+    def _take(self, n: int, out: list[int]) -> None:
+        """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked room)."""
+        popitem, ref, bkey = self._free.popitem, self._ref, self._key
+        for _ in range(n):
+            b = popitem(last=False)[0]
+            if bkey[b] is not None:
+                self._uncache(b)
+            ref[b] = 1
+            out.append(b)
+
+    def allocate(self, req: Hashable, num_tokens: int, keys: Sequence[Hashable] | None = None,
+                 num_cached_tokens: int = 0, watermark_blocks: int = 0) -> int | None:
+        """Make ``req`` hold blocks for ``num_tokens`` tokens in all; return the new blocks taken.
+
+        A request with no blocks yet and ``num_cached_tokens`` > 0 (from
+        :meth:`computed_prefix` this step) first takes the hit blocks of
+        ``keys[:num_cached_tokens // block_size]``. Returns ``None``, changing nothing, if
+        the new blocks + the free hit blocks + ``watermark_blocks`` exceed the free blocks.
+        Never shrinks a request.
+        """
+        blocks = self._req.get(req)
+        if blocks is not None:
+            # Running request: the hot path (a decode step needs a block 1 time in block_size).
+            if num_cached_tokens:
+                raise KVCacheError(f"allocate: request {req!r} already holds blocks; "
+                                   "prefix hits apply only to a new request")
+            need = -(-num_tokens // self.block_size) - len(blocks)
+            if need <= 0:
+                return 0
+            if need + watermark_blocks > len(self._free):
+                if need + len(blocks) > self.usable_blocks:
+                    raise KVCacheError(f"allocate: request {req!r} needs {need + len(blocks)} "
+                                       f"blocks; only {self.usable_blocks} exist")
+                return None
+            self._take(need, blocks)
+            return need
+
+        if req in self._swapped:
+            raise KVCacheError(f"allocate: request {req!r} is swapped out; swap it in first")
+        if num_tokens < 1:
+            raise KVCacheError(f"allocate: num_tokens {num_tokens!r} for new request {req!r}; expected >= 1")
+        total = -(-num_tokens // self.block_size)
+        if total > self.usable_blocks:
+            raise KVCacheError(f"allocate: request {req!r} needs {total} blocks; "
+                               f"only {self.usable_blocks} exist")
+        hit_blocks: list[int] = []
+        evictable = 0
+        if num_cached_tokens:
+            nhit, rem = divmod(num_cached_tokens, self.block_size)
+            if (not self.enable_prefix_caching or rem or num_cached_tokens >= num_tokens
+                    or keys is None or nhit > len(keys)):
+                raise KVCacheError(f"allocate: num_cached_tokens {num_cached_tokens!r} for request "
+                                   f"{req!r} is not a prefix hit of its {num_tokens} tokens")
+            cache, ref = self._cache, self._ref
+            for i in range(nhit):
+                b = cache.get(keys[i])
+                if b is None:
+                    raise KVCacheError(f"allocate: key {i} of request {req!r} is no longer cached; "
+                                       "call computed_prefix in the same step")
+                hit_blocks.append(b)
+                if ref[b] == 0:
+                    evictable += 1
+        need = total - len(hit_blocks)
+        if need + evictable + watermark_blocks > len(self._free):
+            return None
+        if hit_blocks:
+            ref, free = self._ref, self._free
+            for b in hit_blocks:
+                if ref[b] == 0:
+                    del free[b]
+                ref[b] += 1
+        self._take(need, hit_blocks)
+        self._req[req] = hit_blocks
+        self._ncached[req] = total - need
+        return need
+
+    def free(self, req: Hashable) -> None:
+        """Release ``req``'s GPU blocks (tail blocks first to the free-queue tail), or its
+        swap blocks if it is swapped out."""
+        blocks = self._req.pop(req, None)
+        if blocks is None:
+            n = self._swapped.pop(req, None)
+            if n is None:
+                raise KVCacheError(f"free: request {req!r} holds no blocks (unknown or freed twice)")
+            self._free_swap += n
+            return
+        del self._ncached[req]
+        self._release(blocks)
+
+    def _release(self, blocks: list[int]) -> None:
+        ref, free = self._ref, self._free
+        for b in reversed(blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                free[b] = None
+
+    # -- swap (vLLM v0) ----------------------------------------------------------------
+
+    def can_swap_out(self, req: Hashable) -> bool:
+        blocks = self._req.get(req)
+        return blocks is not None and len(blocks) <= self._free_swap
+
+    def swap_out(self, req: Hashable) -> int:
+        """Move ``req`` to swap space: release its GPU blocks, reserve as many swap blocks."""
+        blocks = self._req.get(req)
+        if blocks is None or len(blocks) > self._free_swap:
+            raise KVCacheError(f"swap_out: request {req!r} cannot be swapped out "
+                               f"(holds blocks: {blocks is not None}, free swap blocks: {self._free_swap})")
+        del self._req[req]
+        del self._ncached[req]
+        self._release(blocks)
+        n = len(blocks)
+        self._free_swap -= n
+        self._swapped[req] = n
+        return n
+
+    def can_swap_in(self, req: Hashable, watermark_blocks: int = 0) -> bool:
+        n = self._swapped.get(req)
+        return n is not None and n + watermark_blocks <= len(self._free)
+
+    def swap_in(self, req: Hashable) -> int:
+        """Bring ``req`` back: take as many fresh GPU blocks, release its swap blocks."""
+        n = self._swapped.get(req)
+        if n is None or n > len(self._free):
+            raise KVCacheError(f"swap_in: request {req!r} cannot be swapped in "
+                               f"(swapped: {n is not None}, free blocks: {len(self._free)})")
+        del self._swapped[req]
+        self._free_swap += n
+        blocks: list[int] = []
+        self._take(n, blocks)
+        self._req[req] = blocks
+        self._ncached[req] = 0
+        return n
+
+    # -- introspection -----------------------------------------------------------------
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next allocated) first."""
+        return list(self._free)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def cached_key(self, block: int) -> Hashable | None:
+        return self._key[block]
+
+    def state(self) -> tuple:
+        """A hashable snapshot of the whole state (tests: determinism, failure side effects)."""
+        return (
+            tuple(self._free), tuple(self._ref), tuple(self._key),
+            tuple(self._cache.items()), tuple((k, tuple(v)) for k, v in self._dups.items()),
+            tuple((r, tuple(b)) for r, b in self._req.items()), tuple(self._ncached.items()),
+            tuple(self._swapped.items()), self._free_swap, self.hit_tokens, self.queried_tokens,
+        )
+
+    def check(self) -> None:
+        """Check every invariant; raise :class:`KVCacheError` on the first broken one. O(blocks)."""
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise KVCacheError(f"check: {what}")
+
+        n = self.num_blocks
+        need(0 not in self._free and self._ref[0] == 0 and self._key[0] is None,
+             "null block 0 is free, held or cached")
+        holders = [0] * n
+        for req, blocks in self._req.items():
+            need(len(set(blocks)) == len(blocks), f"request {req!r} holds a block twice: {blocks}")
+            need(req not in self._swapped, f"request {req!r} is both on GPU and swapped")
+            nc = self._ncached.get(req)
+            need(nc is not None and 0 <= nc <= len(blocks), f"request {req!r} cached count {nc!r}")
+            for i, b in enumerate(blocks):
+                need(0 < b < n, f"request {req!r} holds invalid block {b}")
+                holders[b] += 1
+                if i < nc:
+                    need(self._key[b] is not None, f"request {req!r} block {i} ({b}) counted cached, has no key")
+        need(self._ncached.keys() == self._req.keys(), "cached-count table out of step with requests")
+        for b in range(1, n):
+            need(self._ref[b] == holders[b], f"block {b}: ref {self._ref[b]} != holders {holders[b]}")
+            need((b in self._free) == (holders[b] == 0), f"block {b}: free={b in self._free}, holders={holders[b]}")
+        need(len(self._free) + self.num_used_blocks == self.usable_blocks
+             and self.num_used_blocks == sum(1 for h in holders if h), "block counts do not add up")
+        # Cache: each keyed block is listed exactly once, under its own key.
+        listed: dict[int, Hashable] = {}
+        for k, b in self._cache.items():
+            listed[b] = k
+        for k, later in self._dups.items():
+            need(bool(later) and k in self._cache, f"stale duplicate list for key {k!r}")
+            for b in later:
+                need(b not in listed, f"block {b} cached twice")
+                listed[b] = k
+        keyed = {b: self._key[b] for b in range(n) if self._key[b] is not None}
+        need(listed == keyed, "cache map and block keys disagree")
+        need(self.enable_prefix_caching or not keyed, "blocks cached with prefix caching off")
+        need(self._free_swap + sum(self._swapped.values()) == self.num_swap_blocks
+             and self._free_swap >= 0, "swap blocks do not add up")
+        need(0 <= self.hit_tokens <= self.queried_tokens, "hit_tokens > queried_tokens")

@@ -1,0 +1,97 @@
+"""What the LLM policies share: per-request progress, prefix-block keys, step assembly.
+
+Progress is kept in plain Python lists indexed by row: the policies read and write a
+few scalars per request per step, which lists do faster than numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from schedsim.llm.step import Step
+from schedsim.policy import Reject, Requests
+
+REJECT_TOO_LONG = "too_long"
+
+
+class Progress:
+    """Each request's prompt, target output, tokens computed (KV present) and generated."""
+
+    def __init__(self, requests: Requests):
+        self.prompt = requests.input_tokens.astype(np.int64).tolist()
+        self.output = requests.output_tokens.astype(np.int64).tolist()
+        n = len(requests)
+        self.computed = [0] * n
+        self.generated = [0] * n
+
+    def known(self, row: int) -> int:
+        """Tokens the request has: its prompt and what it generated so far."""
+        return self.prompt[row] + self.generated[row]
+
+    def remaining(self, row: int) -> int:
+        return self.output[row] - self.generated[row]
+
+
+def check_token_columns(requests: Requests, policy: str) -> None:
+    """LLM policies need prompt and output lengths; say which column is missing."""
+    from schedsim.errors import InputError
+
+    if len(requests) and not (requests.output_tokens > 0).all():
+        bad = int(np.flatnonzero(requests.output_tokens <= 0)[0])
+        raise InputError(f"--policy {policy}: request row {bad} has output_tokens "
+                         f"{int(requests.output_tokens[bad])}; LLM policies need input_tokens and "
+                         f"output_tokens >= 1 for every request (an LLM trace: Azure LLM 2023, "
+                         f"Mooncake, or a CSV with those columns)")
+    if len(requests) and not (requests.input_tokens > 0).all():
+        bad = int(np.flatnonzero(requests.input_tokens <= 0)[0])
+        raise InputError(f"--policy {policy}: request row {bad} has input_tokens "
+                         f"{int(requests.input_tokens[bad])}; LLM policies need prompts of >= 1 token")
+
+
+class BlockKeys:
+    """Prefix-cache keys of a request's full KV blocks, computed on demand.
+
+    A block wholly inside a prompt that the trace describes by prefix-block hash ids
+    (Mooncake: one id per 512 tokens, equal ids = equal prefix) is keyed by the id covering
+    its last token and its index, so requests sharing a prefix share keys. Every other
+    block (generated tokens, prompts without hash ids) gets a key unique to its request:
+    it can only be found again by that request, after a preemption.
+    """
+
+    __slots__ = ("row", "prompt", "ids", "per_id", "block_size")
+
+    def __init__(self, requests: Requests, row: int, block_size: int):
+        self.row, self.block_size = row, block_size
+        self.prompt = int(requests.input_tokens[row])
+        if requests.hash_ids is not None:
+            lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
+            self.ids = requests.hash_ids[lo:hi].tolist()
+        else:
+            self.ids = []
+        self.per_id = int(requests.hash_block_tokens)
+
+    def __getitem__(self, j: int):
+        end = (j + 1) * self.block_size  # tokens up to the end of block j
+        if end <= self.prompt:
+            h = (end - 1) // self.per_id
+            if h < len(self.ids):
+                return (self.ids[h], j)
+        return (-1 - self.row, j)
+
+    def __len__(self) -> int:  # keys exist for any block index the request can reach
+        return 1 << 40
+
+
+def make_step(rows: list, num_tokens: list, context: list, emits: list, **fields) -> Step:
+    return Step(rows=np.array(rows, dtype=np.int64), num_tokens=np.array(num_tokens, dtype=np.int32),
+                context=np.array(context, dtype=np.int32), emits=np.array(emits, dtype=bool), **fields)
+
+
+def rejects(rows: list) -> list[Reject]:
+    return [Reject(np.array(rows, dtype=np.int64), REJECT_TOO_LONG)] if rows else []
+
+
+class Waiting(deque):
+    """Arrived requests not running, in FCFS order; preempted ones go back to the front."""

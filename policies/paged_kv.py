@@ -1,0 +1,305 @@
+"""``paged-kv``: vLLM's scheduler over a paged KV cache.
+
+Follows vLLM v1's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py, FCFS):
+
+1. a token budget of ``max_num_batched_tokens`` per step;
+2. running requests first, in admission order, each getting the rest of its known
+   tokens (a prefill chunk, or 1 when decoding) within the budget and
+   ``long_prefill_token_threshold``; when its blocks cannot be allocated the *last*
+   running request is preempted, repeatedly, possibly itself;
+3. waiting requests only if nothing was preempted, in order, while the budget lasts and
+   fewer than ``max_num_seqs`` run; one whose blocks do not fit stops admission;
+4. preemption by recompute: blocks freed, progress reset, back to the front of the queue;
+5. chunked prefill; prefix caching of full blocks (``enable_prefix_caching``).
+
+``preemption_mode="swap"`` takes vLLM v0's swap path instead (vllm/core/scheduler.py):
+the victim's blocks move to ``swap_space_gb`` of host memory, swapped requests resume
+before new admissions, and admissions keep ``watermark`` of the GPU blocks free. v0's
+separate prefill and decode steps are not modelled: steps stay v1's mixed ones.
+
+Requests whose prompt plus output exceed ``max_model_len``, or need more blocks than the
+GPU has, are rejected with reason ``too_long`` when they arrive.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.kv_cache import KVCacheManager
+from policies.llm_common import BlockKeys, Progress, Waiting, check_token_columns, make_step, rejects
+from schedsim.errors import InputError
+from schedsim.llm.step import LLMPolicy, Step
+
+
+class PagedKV(LLMPolicy):
+    name = "paged-kv"
+
+    def __init__(self, model_spec: str = "llama-1b", block_size: int = 16,
+                 num_gpu_blocks: int | None = None, gpu_memory_gb: float | None = None,
+                 gpu_memory_utilization: float = 0.9, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = False,
+                 preemption_mode: str = "recompute", swap_space_gb: float = 4.0,
+                 watermark: float | None = None, long_prefill_token_threshold: int = 0,
+                 max_model_len: int | None = None):
+        from schedsim.llm.budget import kv_budget
+
+        if preemption_mode not in ("recompute", "swap"):
+            raise InputError(f"--preemption-mode: {preemption_mode!r} is not valid; expected recompute or swap")
+        for flag, value in (("--max-num-seqs", max_num_seqs),
+                            ("--max-num-batched-tokens", max_num_batched_tokens)):
+            if int(value) < 1:
+                raise InputError(f"{flag}: {value} is not valid; expected an integer >= 1")
+        if long_prefill_token_threshold < 0:
+            raise InputError(f"--long-prefill-token-threshold: {long_prefill_token_threshold} must be >= 0")
+        self.budget = kv_budget(model_spec, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                gpu_memory_gb=gpu_memory_gb,
+                                gpu_memory_utilization=gpu_memory_utilization,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                swap_space_gb=swap_space_gb if preemption_mode == "swap" else 0.0)
+        self.block_size = int(block_size)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.prefix_caching = bool(enable_prefix_caching)
+        self.swap = preemption_mode == "swap"
+        if watermark is None:
+            watermark = 0.01 if self.swap else 0.0   # v0's default; v1 keeps none
+        if not 0.0 <= watermark < 1.0:
+            raise InputError(f"--watermark: {watermark} is not valid; expected 0 <= watermark < 1")
+        self.watermark_blocks = int(watermark * self.budget.num_blocks)
+        self.threshold = int(long_prefill_token_threshold)
+        self.kv_blocks_total = self.budget.num_blocks - 1  # block 0 is vLLM's null block
+
+    def reset(self, requests) -> None:
+        super().reset(requests)
+        check_token_columns(requests, self.name)
+        self.p = Progress(requests)
+        self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
+                                 enable_prefix_caching=self.prefix_caching,
+                                 num_swap_blocks=self.budget.num_swap_blocks)
+        self.running: list[int] = []
+        self.waiting = Waiting()
+        self.swapped = Waiting()
+        self.keys: dict[int, BlockKeys] = {}
+        self.too_long: list[int] = []
+        self.admitted_before = set()
+        self.hit_tokens = np.zeros(len(requests), dtype=np.int32)
+        self.cap = [0] * len(requests)
+        self.preemptions = self.swaps_out = self.swap_fallbacks = 0
+        self.max_len = self.budget.max_model_len
+        self.max_tokens_in_gpu = self.kv_blocks_total * self.block_size
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
+        prompt, output = self.p.prompt, self.p.output
+        for r in range(first, stop):
+            total = prompt[r] + output[r]
+            if total > self.max_len or total - 1 > self.max_tokens_in_gpu:
+                self.too_long.append(r)
+            else:
+                self.waiting.append(r)
+
+    def schedule(self, now_ns: int) -> Step:
+        p, kv, bs = self.p, self.kv, self.block_size
+        prompt, generated, computed = p.prompt, p.generated, p.computed
+        budget = self.max_num_batched_tokens
+        cap = self.cap  # tokens each request's blocks hold: skips the manager on most decodes
+        rows, ntok, ctx, emit = [], [], [], []
+        preempted: list[int] = []
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = computed[r]
+            known = prompt[r] + generated[r]
+            n = known - c
+            if self.threshold and n > self.threshold:
+                n = self.threshold
+            if n > budget:
+                n = budget
+            if c + n > cap[r]:  # needs a new block (a decode: once in block_size steps)
+                while kv.allocate(r, c + n) is None:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim == r:
+                        break
+                else:
+                    cap[r] = -(-(c + n) // bs) * bs
+            if c + n <= cap[r]:
+                if self.prefix_caching and (c + n) // bs > c // bs:
+                    kv.cache_blocks(r, (c + n) // bs, self.keys[r])
+                rows.append(r); ntok.append(n); ctx.append(c); emit.append(c + n == known)
+                budget -= n
+                i += 1
+                continue
+            break
+        all_running = i == len(running)
+        swap_in_blocks = 0
+        admitted = False
+        if not preempted:
+            if self.swapped:
+                budget, swap_in_blocks = self._resume_swapped(budget, rows, ntok, ctx, emit)
+                admitted = swap_in_blocks > 0
+            while self.waiting and budget > 0 and len(running) < self.max_num_seqs and not self.swapped:
+                r = self.waiting[0]
+                known = prompt[r] + generated[r]
+                hits = 0
+                if self.prefix_caching:
+                    keys = self.keys.get(r)
+                    if keys is None:
+                        keys = self.keys[r] = BlockKeys(self.requests, r, bs)
+                    hits = kv.computed_prefix(r, keys, known, count=r not in self.admitted_before)
+                n = known - hits
+                if self.threshold and n > self.threshold:
+                    n = self.threshold
+                if n > budget:
+                    n = budget
+                if kv.allocate(r, hits + n, self.keys.get(r), num_cached_tokens=hits,
+                               watermark_blocks=self.watermark_blocks) is None:
+                    break
+                if self.prefix_caching and (hits + n) // bs > hits // bs:
+                    kv.cache_blocks(r, (hits + n) // bs, self.keys[r])
+                self.waiting.popleft()
+                running.append(r)
+                computed[r] = hits
+                cap[r] = -(-(hits + n) // bs) * bs
+                if r not in self.admitted_before:
+                    self.admitted_before.add(r)
+                    self.hit_tokens[r] = hits
+                rows.append(r); ntok.append(n); ctx.append(hits); emit.append(hits + n == known)
+                budget -= n
+                admitted = True
+        repeat = 1
+        if rows and all_running and not preempted and not admitted and max(ntok) == 1:
+            repeat = self._repeat_horizon(rows, ctx)
+        step = make_step(rows, ntok, ctx, emit, repeat=repeat,
+                         rejects=rejects(self.too_long), swap_in_blocks=swap_in_blocks,
+                         swap_out_blocks=self._swapped_out_now,
+                         kv_blocks_used=kv.num_used_blocks, waiting=len(self.waiting) + len(self.swapped))
+        if preempted:
+            step.preempted = np.array(preempted, dtype=np.int64)
+        self.too_long = []
+        self._swapped_out_now = 0
+        return step
+
+    def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
+        p, kv = self.p, self.kv
+        computed, generated, output = p.computed, p.generated, p.output
+        rows = step.rows.tolist()
+        if repeats > 1:
+            self._replay_allocations(rows, step.context.tolist(), repeats)
+            bs, cap = self.block_size, self.cap
+            for r in rows:
+                computed[r] += repeats
+                generated[r] += repeats
+                cap[r] = max(cap[r], -(-computed[r] // bs) * bs)
+        else:
+            for r, n, e in zip(rows, step.num_tokens.tolist(), step.emits.tolist()):
+                computed[r] += n
+                if e:
+                    generated[r] += 1
+        finished = [r for r in rows if generated[r] >= output[r]]
+        if finished:
+            done = set(finished)
+            for r in finished:
+                if self.prefix_caching:
+                    kv.cache_blocks(r, computed[r] // self.block_size, self.keys[r])
+                kv.free(r)
+                self.cap[r] = 0
+                self.keys.pop(r, None)
+            self.running = [r for r in self.running if r not in done]
+        elif self.prefix_caching and repeats > 1:
+            bs = self.block_size
+            for r in rows:
+                kv.cache_blocks(r, computed[r] // bs, self.keys[r])
+
+    def stats(self) -> dict:
+        return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
+                "swap_fallbacks_to_recompute": self.swap_fallbacks,
+                "prefix_hit_tokens_per_request": self.hit_tokens,
+                "kv_blocks_total": self.kv_blocks_total, "block_size": self.block_size,
+                "num_gpu_blocks": self.budget.num_blocks, "kv_budget": self.budget.describe()}
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    _swapped_out_now = 0
+
+    def _preempt(self, victim: int) -> None:
+        self.preemptions += 1
+        if self.swap:
+            if self.kv.can_swap_out(victim):
+                self._swapped_out_now += self.kv.swap_out(victim)
+                self.cap[victim] = 0
+                self.swaps_out += 1
+                self.swapped.append(victim)
+                return
+            self.swap_fallbacks += 1  # v0 aborts here; we recompute instead and count it
+        if self.prefix_caching:
+            self.kv.cache_blocks(victim, self.p.computed[victim] // self.block_size, self.keys[victim])
+        self.kv.free(victim)
+        self.cap[victim] = 0
+        self.p.computed[victim] = 0
+        self.waiting.appendleft(victim)
+
+    def _resume_swapped(self, budget, rows, ntok, ctx, emit):
+        """Swap requests back in, oldest first, before any new admission (vLLM v0)."""
+        p, kv = self.p, self.kv
+        moved = 0
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            r = self.swapped[0]
+            c = p.computed[r]
+            known = p.prompt[r] + p.generated[r]
+            n = min(known - c, budget)
+            bs = self.block_size
+            grow = -(-(c + n) // bs) - -(-c // bs)  # blocks this step adds once it is back
+            if not kv.can_swap_in(r, watermark_blocks=self.watermark_blocks + grow):
+                break
+            moved += kv.swap_in(r)
+            if kv.allocate(r, c + n) is None:  # can_swap_in left room for this step's tokens
+                raise AssertionError(f"row {r}: swapped in but no block for its next token")
+            self.cap[r] = len(kv.blocks_of(r)) * self.block_size
+            self.swapped.popleft()
+            self.running.append(r)
+            rows.append(r); ntok.append(n); ctx.append(c); emit.append(c + n == known)
+            budget -= n
+        return budget, moved
+
+    def _repeat_horizon(self, rows: list, ctx: list) -> int:
+        """How many identical decode steps can run before a request finishes or blocks run out."""
+        p = self.p
+        most = min(p.output[r] - p.generated[r] for r in rows)
+        if most <= 1:
+            return 1
+        bs, free = self.block_size, self.kv.num_free_blocks
+        c = np.asarray(ctx, dtype=np.int64)
+        held = -(-(c + 1) // bs)
+
+        def extra(k: int) -> int:  # blocks steps 2..k allocate on top of the first step's
+            return int((-(-(c + k) // bs) - held).sum())
+
+        if extra(most) <= free:
+            return most
+        lo, hi = 1, most  # extra(lo) <= free < extra(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _replay_allocations(self, rows: list, ctx: list, repeats: int) -> None:
+        """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took."""
+        bs, kv = self.block_size, self.kv
+        events = []
+        for order, (r, c) in enumerate(zip(rows, ctx)):
+            j = (-c) % bs or bs   # first later step whose token starts a new block
+            while j < repeats:
+                events.append((j, order, r, c + j + 1))
+                j += bs
+        events.sort()
+        for _, _, r, tokens in events:
+            if kv.allocate(r, tokens) is None:
+                raise AssertionError(f"row {r}: a repeated decode step ran out of blocks")

@@ -1,0 +1,594 @@
+"""The step cost model: how long one LLM engine step takes, from a measured step profile.
+
+A step's time depends on its composition: the tokens each row computes
+(:attr:`Step.num_tokens <schedsim.llm.step.Step.num_tokens>`) and the context each row
+attends over (:attr:`Step.context <schedsim.llm.step.Step.context>`). Rows with more than
+one token are prefill chunks, rows with one token are decodes. The model is linear, with
+separate terms for the two ways the engine runs a step (:mod:`schedsim.llm.shapes`):
+
+*Graph* steps (decode-only, at most the largest captured batch) replay a CUDA graph at
+a padded shape: ``G = graph_batch(n)`` sequences, each gathering a key/value width of
+``W = context_blocks(max(context) + 1, block_size) * block_size`` tokens::
+
+    T = g0 + g1 G + g2 G W
+
+*Eager* steps (any prefill, or more decodes than the largest graph) pad nothing but
+their decodes' gathered context to the longest one::
+
+    T = e0 + e1 tokens + e2 n_prefill + e3 sum over prefill chunks of (q c + q (q + 1) / 2)
+           + e4 n_decode + e5 n_decode D,      D = ceil((max decode context + 1) / block_size) * block_size
+
+``q c + q (q + 1) / 2`` counts the query-key pairs of a causal chunk of ``q`` tokens over
+``c`` cached ones, the note's ``q (c + q / 2)`` made exact in integers. ``n_prefill``
+is there because the engine runs attention once per prefill chunk (a fixed cost per
+chunk and layer, beside the per-token and per-pair terms). The nine coefficients
+(:data:`FEATURES`, ms per unit) are fitted by non-negative least squares
+on relative error (each row weighted by 1 / its latency) to the profile's mean
+latencies. :func:`step_features` computes the features from a step's summary with
+arithmetic alone, so the same function builds the fitting matrix, prices one step on
+Python integers (:meth:`StepCostModel.step_ns`) and prices runs of decode steps on
+arrays (:meth:`StepCostModel.decode_run_ns`).
+
+Beyond the measured context (:attr:`StepProfile.max_context_measured`) the model
+extends along context length with the same linear attention terms: decode cost grows
+with the key/value tokens gathered, prefill cost with the query-key pairs, at the
+fitted per-token rates. That is what memory-bound decode attention and compute-bound
+prefill attention do, but it is not measured; the model warns once
+(:class:`ContextExtrapolationWarning`) or, with ``extrapolate_context=False``, refuses.
+
+Step profile files (``NAME.csv`` and the sidecar ``NAME.json``; reference:
+docs/reference/llm-profile-format.md). The CSV has one row per measured step
+composition, in the order measured:
+
+``prefill_seqs, prefill_chunk, prefill_context``
+    the step has ``prefill_seqs`` identical prefill chunks of ``prefill_chunk`` tokens
+    (>= 2), each over ``prefill_context`` tokens already cached (0, 0, 0 for none);
+``decode_seqs, decode_context``
+    plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens;
+``latency_ms_mean, latency_ms_p50, latency_ms_p90, latency_ms_p99, latency_ms_std, n``
+    the step's measured time (forward pass, ms) and how many steps were timed.
+
+The sidecar (schema ``schedsim.step_profile/1``) holds provenance (device, backend,
+torch version, model, dtype, cuda_graphs, date, command) and what the model reads:
+``block_size`` (default 16), ``cuda_graph_batch_sizes`` (default
+:data:`~schedsim.llm.shapes.CUDA_GRAPH_BATCH_SIZES`; ``cuda_graphs: false``, at the top
+level or under ``provenance``, means none),
+``max_context_measured``, ``swap_gb_per_s`` (host<->device copy bandwidth, GB/s = 1e9
+bytes/s, optional), ``step_overhead_us`` (host time per step outside the forward pass,
+default 0) and ``fit`` (:meth:`StepFit.to_dict`: a record; the model refits the table
+on load with the same function and split, so the table is the one source of truth).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from schedsim.errors import InputError, where
+from schedsim.files import replaced_atomically
+from schedsim.llm.shapes import (CUDA_GRAPH_BATCH_SIZES, context_blocks, context_blocks_array,
+                                 graph_batch, graph_batch_array)
+
+SCHEMA = "schedsim.step_profile/1"
+
+COMPOSITION = ("prefill_seqs", "prefill_chunk", "prefill_context", "decode_seqs", "decode_context")
+LATENCY = ("latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99")
+COLUMNS = COMPOSITION + LATENCY + ("latency_ms_std", "n")
+"""Required columns of a step profile CSV, in the order written."""
+
+FEATURES = ("graph_step", "graph_batch", "graph_kv_tokens",
+            "eager_step", "eager_tokens", "eager_prefill_seqs", "eager_prefill_attention",
+            "eager_decode_seqs", "eager_decode_kv_tokens")
+"""Names of the model's features, in :func:`step_features` order."""
+
+HELD_OUT_EVERY = 5
+SPLIT_RULE = "rows in file order; row i (0-based) held out when i % 5 == 4, the rest fitted"
+DEFAULT_BLOCK_SIZE = 16
+
+
+class ContextExtrapolationWarning(UserWarning):
+    """A step attended over more context than the profile measured; its cost is extrapolated."""
+
+
+# ----------------------------------------------------------------------------- features
+
+def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention, decode_seqs,
+                  decode_width):
+    """The nine features (:data:`FEATURES`) of steps given their summary.
+
+    Arguments are Python integers (one step) or int64 arrays (many); arithmetic only, so
+    both give the same numbers. ``graph`` is 1 for a graph step, else 0; ``padded_batch``
+    and ``graph_width`` are G and W of a graph step; ``tokens``, ``prefill_seqs``,
+    ``prefill_attention``, ``decode_seqs`` and ``decode_width`` (D) describe an eager
+    step (module docstring).
+    """
+    eager = 1 - graph
+    return (graph, graph * padded_batch, graph * padded_batch * graph_width,
+            eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention, eager * decode_seqs,
+            eager * decode_seqs * decode_width)
+
+
+def _combine(coef, feats):
+    """sum(coef[i] * feats[i]) in a fixed order, for scalars and arrays alike (bit-identical)."""
+    t = 0.0
+    for c, f in zip(coef, feats):
+        t = t + c * f
+    return t
+
+
+def _round_up(x, block_size):
+    return -(-x // block_size) * block_size
+
+
+def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> tuple:
+    """:func:`step_features` arguments for every row of a step profile (int64 arrays)."""
+    ps, pc, pctx, ds, dctx = (np.asarray(columns[c], dtype=np.int64) for c in COMPOSITION)
+    top = dctx + 1
+    if graph_sizes:
+        padded = np.where(ps == 0, graph_batch_array(ds, graph_sizes), 0)
+    else:
+        padded = np.zeros_like(ds)
+    graph = (padded > 0).astype(np.int64)
+    width = np.where(graph == 1, context_blocks_array(top, block_size) * block_size, 0)
+    tokens = ps * pc + ds
+    attention = ps * (pc * pctx + pc * (pc + 1) // 2)
+    dwidth = np.where(ds > 0, _round_up(top, block_size), 0)
+    return graph, padded, width, tokens, ps, attention, ds, dwidth
+
+
+def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> np.ndarray:
+    """(rows, 9) float64 features of a step profile's rows."""
+    n = len(columns[COMPOSITION[0]])
+    feats = step_features(*profile_summaries(columns, block_size, graph_sizes))
+    return np.column_stack([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f in feats])
+
+
+# ----------------------------------------------------------------------------- the profile
+
+@dataclass(frozen=True, eq=False)
+class StepProfile:
+    """A validated step profile. Build one with :func:`load_step_profile` or :meth:`from_columns`."""
+
+    columns: dict
+    """Column name -> read-only numpy array in file order; composition columns and ``n`` int64, latencies float64."""
+    meta: dict
+    """The sidecar: provenance and settings; empty when there is none."""
+    path: Path | None = None
+    """The CSV it was read from; None when built in memory."""
+
+    @property
+    def source(self) -> str:
+        return str(self.path) if self.path is not None else "<memory>"
+
+    def __len__(self) -> int:
+        return int(self.columns["n"].shape[0])
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block the engine used (sidecar ``block_size``, default 16)."""
+        return int(self.meta.get("block_size", DEFAULT_BLOCK_SIZE))
+
+    @property
+    def cuda_graph_batch_sizes(self) -> tuple[int, ...]:
+        """Captured decode batch sizes; () when the engine ran without CUDA graphs."""
+        prov = self.meta.get("provenance")
+        if self.meta.get("cuda_graphs") is False or (isinstance(prov, dict) and prov.get("cuda_graphs") is False):
+            return ()
+        return tuple(int(b) for b in self.meta.get("cuda_graph_batch_sizes", CUDA_GRAPH_BATCH_SIZES))
+
+    @property
+    def max_context_measured(self) -> int:
+        """The longest KV length (cached plus new tokens) of a row in a measured step: the
+        sidecar's ``max_context_measured`` or what the table shows, whichever is larger."""
+        c = self.columns
+        pre = np.where(c["prefill_seqs"] > 0, c["prefill_context"] + c["prefill_chunk"], 0)
+        dec = np.where(c["decode_seqs"] > 0, c["decode_context"] + 1, 0)
+        table = int(max(pre.max(), dec.max()))
+        return max(table, int(self.meta.get("max_context_measured") or 0))
+
+    @classmethod
+    def from_columns(cls, columns: dict, meta: dict | None = None, path=None) -> "StepProfile":
+        """Validate in-memory columns (name -> sequence of numbers); rows are named ``row i``."""
+        data = {str(k).strip(): np.asarray(v) for k, v in columns.items()}
+        src = str(path) if path is not None else "<memory>"
+        cols = _validate_table(data, src, lines=None)
+        return cls(cols, _validate_meta(dict(meta or {}), src + " (sidecar)"), None if path is None else Path(path))
+
+
+def sidecar_path(csv_path) -> Path:
+    return Path(csv_path).with_suffix(".json")
+
+
+def load_step_profile(path: str | os.PathLike) -> StepProfile:
+    """Read and validate ``NAME.csv`` and its sidecar ``NAME.json`` (optional)."""
+    path = Path(path)
+    cols = _read_table(path)
+    meta: dict = {}
+    side = sidecar_path(path)
+    if side.is_file():
+        try:
+            meta = json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{side}: cannot read sidecar: {e}") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where(side, e.lineno)}: invalid JSON: {e.msg} (column {e.colno})") from None
+        meta = _validate_meta(meta, str(side))
+    return StepProfile(cols, meta, path)
+
+
+def _read_table(path: Path) -> dict:
+    if not path.is_file():
+        raise InputError(f"{path}: no such step profile (expected a CSV file)")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"{path}: cannot read step profile: {e}") from None
+    header = [h.strip() for h in rows[0]] if rows else []
+    if not any(header):
+        raise InputError(f"{where(path, 1)}: empty step profile, expected a header row with columns "
+                         f"{', '.join(COLUMNS)}")
+    dup = sorted({h for h in header if h and header.count(h) > 1})
+    if dup:
+        raise InputError(f"{where(path, 1, dup[0])}: column appears more than once")
+    kept = []
+    for i, row in enumerate(rows[1:], start=2):
+        if not any(f.strip() for f in row):
+            continue
+        if len(row) != len(header):
+            raise InputError(f"{where(path, i)}: {len(row)} fields, the header has {len(header)}")
+        kept.append((i, row))
+    lines = np.array([i for i, _ in kept], dtype=np.int64)
+    data = {name: np.array([row[j] for _, row in kept], dtype=object) for j, name in enumerate(header)}
+    return _validate_table(data, str(path), lines)
+
+
+def _number(v) -> float:
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+        return float(v)
+    t = str(v).strip()
+    if not t or not t.isascii() or "_" in t:
+        return math.nan
+    try:
+        return float(t)
+    except ValueError:
+        return math.nan
+
+
+def _validate_table(data: dict, src: str, lines) -> dict:
+    def loc(i: int, col: str | None = None) -> str:
+        if lines is None:
+            return f"{where(src, None, col)}: row {i}" if col else f"{src}: row {i}"
+        return where(src, int(lines[i]), col)
+
+    missing = [c for c in COLUMNS if c not in data]
+    if missing:
+        raise InputError(f"{where(src, 1 if lines is not None else None, missing[0])}: missing required column "
+                         f"(a step profile needs {', '.join(COLUMNS)})")
+    n_rows = len(data[COLUMNS[0]])
+    if n_rows == 0:
+        raise InputError(f"{src}: step profile has a header but no rows")
+    out = {}
+    for col in COLUMNS:
+        raw = data[col]
+        num = np.array([_number(v) for v in raw.tolist()], dtype=np.float64)
+        bad = ~np.isfinite(num)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            text = str(raw[i]).strip()
+            raise InputError(f"{loc(i, col)}: " + ("missing value" if not text else f"{text!r} is not a finite number"))
+        if col in COMPOSITION or col == "n":
+            frac = num != np.round(num)
+            if frac.any():
+                i = int(np.flatnonzero(frac)[0])
+                raise InputError(f"{loc(i, col)}: {num[i]:g} is not an integer")
+            lo = 1 if col == "n" else 0
+            low = num < lo
+            if low.any():
+                i = int(np.flatnonzero(low)[0])
+                raise InputError(f"{loc(i, col)}: {num[i]:g} must be >= {lo}")
+            out[col] = num.astype(np.int64)
+        else:
+            low = (num < 0) if col == "latency_ms_std" else (num <= 0)
+            if low.any():
+                i = int(np.flatnonzero(low)[0])
+                raise InputError(f"{loc(i, col)}: {num[i]:g} must be {'>= 0' if col == 'latency_ms_std' else '> 0'} (ms)")
+            out[col] = num
+    for lo, hi in (("latency_ms_p50", "latency_ms_p90"), ("latency_ms_p90", "latency_ms_p99")):
+        bad = out[lo] > out[hi]
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{loc(i, hi)}: {out[hi][i]:g} is below {lo} ({out[lo][i]:g}); "
+                             "percentiles must satisfy p50 <= p90 <= p99")
+    empty = (out["prefill_seqs"] == 0) & (out["decode_seqs"] == 0)
+    if empty.any():
+        i = int(np.flatnonzero(empty)[0])
+        raise InputError(f"{loc(i, 'decode_seqs')}: a step needs prefill_seqs or decode_seqs >= 1")
+    short = (out["prefill_seqs"] > 0) & (out["prefill_chunk"] < 2)
+    if short.any():
+        i = int(np.flatnonzero(short)[0])
+        raise InputError(f"{loc(i, 'prefill_chunk')}: {out['prefill_chunk'][i]} must be >= 2 when prefill_seqs > 0 "
+                         "(a one-token row is a decode)")
+    seen: dict = {}
+    for i, key in enumerate(zip(*(out[c].tolist() for c in COMPOSITION))):
+        if key in seen:
+            first = seen[key]
+            first_at = f"line {int(lines[first])}" if lines is not None else f"row {first}"
+            raise InputError(f"{loc(i, 'prefill_seqs')}: duplicate step composition (first at {first_at})")
+        seen[key] = i
+    for v in out.values():
+        v.flags.writeable = False
+    return out
+
+
+def _validate_meta(meta, src: str) -> dict:
+    if not isinstance(meta, dict):
+        raise InputError(f"{src}: sidecar must be a JSON object, got {type(meta).__name__}")
+
+    def is_int(v, lo):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+    def is_num(v, positive):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (v > 0 if positive else v >= 0))
+
+    if meta.get("schema", SCHEMA) != SCHEMA:
+        raise InputError(f"{where(src, None, 'schema')}: {meta['schema']!r} is not supported (expected {SCHEMA!r})")
+    if "block_size" in meta and not is_int(meta["block_size"], 1):
+        raise InputError(f"{where(src, None, 'block_size')}: {meta['block_size']!r} must be an integer >= 1")
+    if meta.get("max_context_measured") is not None and not is_int(meta["max_context_measured"], 0):
+        raise InputError(f"{where(src, None, 'max_context_measured')}: {meta['max_context_measured']!r} "
+                         "must be an integer >= 0")
+    if "cuda_graph_batch_sizes" in meta:
+        v = meta["cuda_graph_batch_sizes"]
+        if not (isinstance(v, list) and all(is_int(b, 1) for b in v) and v == sorted(set(v))):
+            raise InputError(f"{where(src, None, 'cuda_graph_batch_sizes')}: {v!r} must be a list of "
+                             "increasing integers >= 1")
+    if "cuda_graphs" in meta and not isinstance(meta["cuda_graphs"], bool):
+        raise InputError(f"{where(src, None, 'cuda_graphs')}: {meta['cuda_graphs']!r} must be true or false")
+    if meta.get("swap_gb_per_s") is not None and not is_num(meta["swap_gb_per_s"], True):
+        raise InputError(f"{where(src, None, 'swap_gb_per_s')}: {meta['swap_gb_per_s']!r} must be a number > 0 (GB/s)")
+    if meta.get("step_overhead_us") is not None and not is_num(meta["step_overhead_us"], False):
+        raise InputError(f"{where(src, None, 'step_overhead_us')}: {meta['step_overhead_us']!r} "
+                         "must be a number >= 0 (microseconds)")
+    return meta
+
+
+def save_step_profile(profile: StepProfile, path: str | os.PathLike) -> StepProfile:
+    """Fit, then write ``NAME.json`` (the profile's meta with ``schema`` and ``fit``) and ``NAME.csv``.
+
+    Each file is replaced atomically, the CSV last. Returns the profile as it loads from ``path``.
+    """
+    path = Path(path)
+    meta = dict(profile.meta)
+    meta["schema"] = SCHEMA
+    meta["fit"] = fit_step_profile(profile).to_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replaced_atomically(sidecar_path(path)) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+    with replaced_atomically(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(COLUMNS)
+            cols = [profile.columns[c].tolist() for c in COLUMNS]
+            for row in zip(*cols):
+                w.writerow([v if isinstance(v, int) else repr(float(v)) for v in row])
+    return load_step_profile(path)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+@dataclass(frozen=True, eq=False)
+class StepFit:
+    """Fitted coefficients and their error on held-out rows."""
+
+    coefficients: np.ndarray
+    """float64 ms per unit of each feature, in :data:`FEATURES` order (all >= 0)."""
+    mape_pct: float
+    """Mean absolute percentage error on the held-out rows."""
+    max_abs_err_pct: float
+    """Largest absolute percentage error on a held-out row."""
+    train_mape_pct: float
+    """Mean absolute percentage error on the fitted rows."""
+    n_train: int
+    """Rows fitted."""
+    n_heldout: int
+    """Rows held out (never seen by the fit)."""
+    heldout: np.ndarray
+    """bool per table row: held out."""
+    split: str = SPLIT_RULE
+    """How rows were split."""
+    features: tuple[str, ...] = FEATURES
+    """Feature names."""
+
+    def to_dict(self) -> dict:
+        """The sidecar's ``fit`` entry."""
+        return {"features": list(self.features),
+                "coefficients_ms": {f: float(c) for f, c in zip(self.features, self.coefficients)},
+                "target": "latency_ms_mean", "method": "scipy.optimize.nnls on relative error (rows weighted 1/latency)",
+                "mape_pct": self.mape_pct, "max_abs_err_pct": self.max_abs_err_pct,
+                "train_mape_pct": self.train_mape_pct, "n_train": self.n_train, "n_heldout": self.n_heldout,
+                "split": self.split}
+
+
+def heldout_rows(n: int) -> np.ndarray:
+    """bool mask of the held-out rows of an n-row table (:data:`SPLIT_RULE`)."""
+    return np.arange(n) % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+
+
+def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None = None,
+                     cuda_graph_batch_sizes: tuple[int, ...] | None = None) -> StepFit:
+    """Fit the model to a step profile and report its error on held-out rows.
+
+    ``table``: a :class:`StepProfile`, the path of a step profile CSV, or a mapping of
+    columns. ``meta``: sidecar settings to use instead of the profile's own (for a path,
+    its sidecar is then not read: the profiler fits before writing it). ``block_size``
+    and ``cuda_graph_batch_sizes`` override both; without any, 16 and
+    :data:`~schedsim.llm.shapes.CUDA_GRAPH_BATCH_SIZES`.
+    """
+    from scipy.optimize import nnls
+
+    if isinstance(table, (str, os.PathLike)):
+        path = Path(table)
+        table = load_step_profile(path) if meta is None else StepProfile(_read_table(path), {}, path)
+    elif not isinstance(table, StepProfile):
+        table = StepProfile.from_columns(dict(table))
+    if meta is not None:
+        table = StepProfile(table.columns, _validate_meta(dict(meta), f"{table.source} (sidecar)"), table.path)
+    bs = table.block_size if block_size is None else int(block_size)
+    sizes = table.cuda_graph_batch_sizes if cuda_graph_batch_sizes is None else tuple(cuda_graph_batch_sizes)
+    n = len(table)
+    if n < HELD_OUT_EVERY:
+        raise InputError(f"{table.source}: {n} rows are too few to fit and check a step model "
+                         f"(need at least {HELD_OUT_EVERY}; one in {HELD_OUT_EVERY} is held out)")
+    X = feature_matrix(table.columns, bs, sizes)
+    y = table.columns["latency_ms_mean"]
+    held = heldout_rows(n)
+    train = ~held
+    A = X[train] / y[train, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0               # unsupported features stay at 0
+    coef, _ = nnls(A / scale, np.ones(int(train.sum())), maxiter=50 * X.shape[1])
+    coef = coef / scale
+    pred = _combine(coef.tolist(), X.T)
+    err = np.abs(pred - y) / y * 100.0
+    held_err = err[held]
+    return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
+                   train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
+                   heldout=held)
+
+
+# ----------------------------------------------------------------------------- the model
+
+class StepCostModel:
+    """Duration of one engine step, in integer nanoseconds, from a fitted step profile.
+
+    What it includes: the fitted forward-pass time of the step's composition (module
+    docstring), the profile's ``step_overhead_us`` (host time per step outside the forward
+    pass), and for swap preemption the copy of ``swap_blocks`` KV blocks at
+    ``swap_gb_per_s``: ``swap_blocks * bytes_per_block / (swap_gb_per_s * 1e9)`` seconds.
+    ``bytes_per_block`` comes from the model spec's block budget
+    (:attr:`~schedsim.llm.spec.BlockBudget.bytes_per_block`); pass it here or set the
+    attribute before the first swap. What it does not include: run-to-run spread (it
+    returns the fitted mean), sampling and detokenisation beyond what the profile's
+    steps timed, and any interaction between consecutive steps.
+    """
+
+    def __init__(self, profile: StepProfile, fit: StepFit, *, extrapolate_context: bool = True,
+                 bytes_per_block: int | None = None, swap_gb_per_s: float | None = None):
+        """Prefer :meth:`from_profile`."""
+        self.profile = profile
+        self.fit = fit
+        self.block_size = profile.block_size
+        self.graph_sizes = profile.cuda_graph_batch_sizes
+        self.max_context_measured = profile.max_context_measured
+        self.extrapolate_context = bool(extrapolate_context)
+        self.bytes_per_block = bytes_per_block
+        """Bytes of one KV block, for swap costs; None until known."""
+        if swap_gb_per_s is None:
+            swap_gb_per_s = profile.meta.get("swap_gb_per_s")
+        if swap_gb_per_s is not None and not (isinstance(swap_gb_per_s, (int, float)) and swap_gb_per_s > 0):
+            raise InputError(f"swap_gb_per_s: {swap_gb_per_s!r} must be a number > 0 (GB/s)")
+        self.swap_gb_per_s = swap_gb_per_s
+        self.overhead_ns = float(profile.meta.get("step_overhead_us") or 0.0) * 1e3
+        self.extrapolated = False
+        """Whether any step so far attended beyond :attr:`max_context_measured` (warned once)."""
+        self._coef = [float(c) for c in fit.coefficients]
+
+    @classmethod
+    def from_profile(cls, profile: StepProfile, *, extrapolate_context: bool = True,
+                     bytes_per_block: int | None = None, swap_gb_per_s: float | None = None) -> "StepCostModel":
+        """Fit ``profile`` (:func:`fit_step_profile`) and build the model.
+
+        ``extrapolate_context``: price contexts beyond the measured ones with the linear
+        attention terms and warn once (True), or raise InputError (False).
+        ``swap_gb_per_s``: None takes the sidecar's (needed only for swap preemption).
+        """
+        return cls(profile, fit_step_profile(profile), extrapolate_context=extrapolate_context,
+                   bytes_per_block=bytes_per_block, swap_gb_per_s=swap_gb_per_s)
+
+    def __repr__(self) -> str:
+        return (f"StepCostModel({self.profile.source!r}, held-out MAPE {self.fit.mape_pct:.2f}%, "
+                f"max context measured {self.max_context_measured})")
+
+    def step_ns(self, num_tokens: np.ndarray, context: np.ndarray, swap_blocks: int = 0) -> int:
+        """Duration of one step whose rows compute ``num_tokens`` tokens each over ``context`` cached ones."""
+        n = num_tokens.shape[0]
+        if n == 0:
+            raise ValueError("step_ns: a step needs at least one row")
+        pre = np.flatnonzero(num_tokens != 1)
+        bs = self.block_size
+        if pre.shape[0] == 0:
+            top = int(context.max()) + 1
+            padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
+            if padded:
+                s = (1, padded, context_blocks(top, bs) * bs, 0, 0, 0, 0, 0)
+            else:
+                s = (0, 0, 0, n, 0, 0, n, _round_up(top, bs))
+        else:
+            # Python ints over the (few) prefill chunks: exact, and cheaper than numpy on short lists.
+            attention = top = 0
+            for q, c in zip(num_tokens[pre].tolist(), context[pre].tolist()):
+                attention += q * c + q * (q + 1) // 2
+                top = max(top, q + c)
+            nd = n - pre.shape[0]
+            dwidth = 0
+            if nd:
+                dmax = int(context.max(where=num_tokens == 1, initial=-1)) + 1
+                top = max(top, dmax)
+                dwidth = _round_up(dmax, bs)
+            s = (0, 0, 0, int(num_tokens.sum()), n - nd, attention, nd, dwidth)
+        if top > self.max_context_measured:
+            self._beyond(top)
+        x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
+        if swap_blocks:
+            x += self._swap_ns(swap_blocks)
+        return round(x)
+
+    def decode_run_ns(self, context: np.ndarray, k: int) -> np.ndarray:
+        """int64 durations of ``k`` back-to-back decode-only steps of the same rows, contexts
+        growing by one per step: ``[step_ns(ones, context + j) for j in range(k)]``, bit for bit."""
+        n = context.shape[0]
+        if n == 0:
+            raise ValueError("decode_run_ns: a step needs at least one row")
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        bs = self.block_size
+        top = np.arange(int(context.max()) + 1, int(context.max()) + 1 + k, dtype=np.int64)
+        if int(top[-1]) > self.max_context_measured:
+            self._beyond(int(top[-1]))
+        padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
+        if padded:
+            s = (1, padded, context_blocks_array(top, bs) * bs, 0, 0, 0, 0, 0)
+        else:
+            s = (0, 0, 0, n, 0, 0, n, _round_up(top, bs))
+        x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
+        if np.ndim(x) == 0:  # every step pads to the same shape
+            return np.full(k, round(x), dtype=np.int64)
+        return np.rint(x).astype(np.int64)
+
+    def _swap_ns(self, blocks: int) -> float:
+        if self.swap_gb_per_s is None:
+            raise InputError(f"swap preemption needs the host<->device copy bandwidth: {self.profile.source}'s "
+                             "sidecar has no swap_gb_per_s; measure it or pass --swap-gb-per-s")
+        if self.bytes_per_block is None:
+            raise ValueError("StepCostModel.bytes_per_block must be set before pricing a swap")
+        return blocks * self.bytes_per_block / self.swap_gb_per_s  # bytes / (GB/s) = ns
+
+    def _beyond(self, top: int) -> None:
+        if not self.extrapolate_context:
+            raise InputError(f"step profile {self.profile.source} measured contexts up to "
+                             f"{self.max_context_measured} tokens, but a step attends over {top}; "
+                             "measure longer contexts or allow extrapolation")
+        if not self.extrapolated:
+            self.extrapolated = True
+            warnings.warn(f"step profile {self.profile.source} measured contexts up to {self.max_context_measured} "
+                          f"tokens; a step attends over {top}: its attention cost is extrapolated linearly "
+                          "(reported once)", ContextExtrapolationWarning, stacklevel=3)

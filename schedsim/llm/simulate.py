@@ -1,0 +1,211 @@
+"""The simpy driver for LLM policies: one engine running one step after another.
+
+Each step is one event: at its end the driver records the tokens it emitted, tells the
+policy, delivers the requests that arrived meanwhile and asks for the next step. An idle
+engine sleeps until the next arrival.
+
+A decode-only step the policy marks repeatable (:attr:`Step.repeat`) is run as up to
+that many identical steps in one event, stopping at the step during which the next
+request arrives: the policy would have decided the same steps one by one, so the result
+is the same, and a busy engine costs one event per arrival or finish instead of one per
+token. Times are integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from schedsim.events import COMPLETION, DECISION, Scheduled
+from schedsim.llm.results import LLMResult
+from schedsim.llm.step import Step
+from schedsim.policy import NEVER, Requests
+from schedsim.results import COMPLETED, QUEUED, REJECT_STATUS, RUNNING, PolicyError
+
+
+def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0) -> LLMResult:
+    """Replay ``requests`` against the LLM ``policy`` on one engine priced by ``cost``."""
+    return _Driver(requests, policy, cost, seed).run()
+
+
+class _Driver:
+    def __init__(self, requests: Requests, policy, cost, seed: int):
+        n = len(requests)
+        self.req, self.policy, self.cost, self.seed = requests, policy, cost, seed
+        self.env = simpy.Environment()
+        self.n = n
+        self.arrival_ns = requests.arrival_ns
+        self.output_tokens = requests.output_tokens.astype(np.int64)
+        self.status = np.full(n, QUEUED, dtype=np.int8)   # rejections; the rest at the end
+        self.end_ns = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.holds_responses = bool(getattr(policy, "holds_responses", False))
+        self.delivered = 0
+        self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER
+        self.steps: list[tuple] = []   # (start, end, repeats, step, durations) per event
+        self.sleeping = False
+
+    def run(self) -> LLMResult:
+        self.policy.reset(self.req)
+        if self.n:
+            Scheduled(self.env, int(self.arrival_ns[0]), DECISION, self._on_wake)
+        self.env.run()
+        return self._result()
+
+    # --- events ----------------------------------------------------------------------------
+
+    def _on_wake(self, _event) -> None:
+        self.sleeping = False
+        self._next_step(self.env.now)
+
+    def _on_step_end(self, _event) -> None:
+        now = self.env.now
+        _, _, repeats, step, _ = self.steps[-1]
+        self.policy.on_step_done(now, step, repeats)
+        self._next_step(now)
+
+    def _next_step(self, now: int) -> None:
+        if self.next_arrival_ns <= now:
+            stop = int(self.arrival_ns.searchsorted(now, side="right"))
+            first, self.delivered = self.delivered, stop
+            self.next_arrival_ns = int(self.arrival_ns[stop]) if stop < self.n else NEVER
+            self.policy.on_arrivals(now, first, stop)
+        step = self.policy.schedule(now)
+        if type(step) is not Step and not isinstance(step, Step):
+            raise PolicyError(f"{type(self.policy).__name__}.schedule returned {step!r}, not a Step")
+        if step.rejects:
+            for reject in step.rejects:
+                self._reject(now, reject)
+        rows = step.rows
+        if not rows.shape[0]:
+            if self.next_arrival_ns < NEVER and not self.sleeping:
+                self.sleeping = True   # idle until something arrives
+                Scheduled(self.env, self.next_arrival_ns - now, DECISION, self._on_wake)
+            return
+        if not (step.num_tokens.shape == step.context.shape == step.emits.shape == rows.shape):
+            raise PolicyError(f"{type(self.policy).__name__} returned a Step whose columns differ in length")
+        if int(rows.max()) >= self.delivered:
+            raise PolicyError(f"{type(self.policy).__name__} scheduled rows that have not arrived: "
+                              f"{rows[rows >= self.delivered][:8].tolist()}")
+        if step.preempted.shape[0]:
+            self.preemptions[step.preempted] += 1
+        repeat = step.repeat
+        if repeat > 1:
+            if step.num_tokens.max() != 1:
+                raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
+                                  f"not decode-only")
+            durations = self.cost.decode_run_ns(step.context, int(repeat))
+            repeats = int(repeat)
+            if self.next_arrival_ns < NEVER:
+                # Stop after the step during which the next request arrives: the one after
+                # it is decided with that request in view.
+                ends = np.cumsum(durations)
+                repeats = min(int(ends.searchsorted(self.next_arrival_ns - now, side="left")) + 1, repeats)
+                total = int(ends[repeats - 1])
+            else:
+                total = int(durations.sum())
+            durations = durations[:repeats] if repeats > 1 else None
+        else:
+            repeats, durations = 1, None
+            total = int(self.cost.step_ns(step.num_tokens, step.context,
+                                          step.swap_out_blocks + step.swap_in_blocks))
+        # Token times are worked out from this log once the run is over (_token_times).
+        self.steps.append((now, now + total, repeats, step, durations))
+        Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
+
+    def _reject(self, now: int, reject) -> None:
+        rows = np.asarray(reject.rows, dtype=np.int64)
+        if rows.size and (rows.max() >= self.delivered or (self.status[rows] != QUEUED).any()):
+            raise PolicyError(f"{type(self.policy).__name__} rejected rows that are not waiting")
+        self.status[rows] = REJECT_STATUS.get(reject.reason, REJECT_STATUS["queue_full"])
+        self.end_ns[rows] = now
+
+    def _result(self) -> LLMResult:
+        n, name = self.n, type(self.policy).__name__
+        nsteps = len(self.steps)
+        start = np.fromiter((r[0] for r in self.steps), np.int64, nsteps)
+        end = np.fromiter((r[1] for r in self.steps), np.int64, nsteps)
+        repeats = np.fromiter((r[2] for r in self.steps), np.int64, nsteps)
+        steps = [r[3] for r in self.steps]
+        # End of each record's first step (a record may stand for several identical steps).
+        first_end = end - np.fromiter((0 if r[4] is None else int(r[4][1:].sum()) for r in self.steps),
+                                      np.int64, nsteps)
+        sizes = np.fromiter((len(st) for st in steps), np.int64, nsteps)
+        rows = np.concatenate([st.rows for st in steps]) if steps else np.empty(0, np.int64)
+        rec = np.repeat(np.arange(nsteps), sizes)
+        emits = np.concatenate([st.emits for st in steps]) if steps else np.empty(0, bool)
+        tokens = np.concatenate([st.num_tokens for st in steps]).astype(np.int64) if steps else np.empty(0, np.int64)
+
+        # When each request first ran, and when it last appeared in a step.
+        first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        uniq, idx = np.unique(rows, return_index=True)
+        first_seen[uniq] = rec[idx]
+        uniq, idx = np.unique(rows[::-1], return_index=True)
+        last_seen[uniq] = rec[rows.size - 1 - idx]
+        scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
+
+        # Emitted tokens, sorted by request then time.
+        er, erec = rows[emits], rec[emits]
+        order = np.lexsort((erec, er))
+        er, erec = er[order], erec[order]
+        tokens_out = np.bincount(er, weights=repeats[erec], minlength=n).astype(np.int64)
+        first_of_row = np.ones(er.size, bool)
+        first_of_row[1:] = er[1:] != er[:-1]
+        last_of_row = np.ones(er.size, bool)
+        last_of_row[:-1] = first_of_row[1:]
+        first_token_ns = np.full(n, -1, np.int64)
+        first_token_ns[er[first_of_row]] = first_end[erec[first_of_row]]
+        last_token_ns = np.full(n, -1, np.int64)
+        last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
+        last_emit_rec = np.full(n, -1, np.int64)
+        last_emit_rec[er[last_of_row]] = erec[last_of_row]
+
+        # Inter-token gaps: from a request's previous token to the first step of each record,
+        # then each later step of a repeated record, once per request emitting in it.
+        later = ~first_of_row
+        gaps = first_end[erec[later]] - end[np.concatenate([[0], erec[:-1]])[later]]
+        emitting = np.bincount(rec[emits], minlength=nsteps)
+        multi = [i for i in np.flatnonzero(repeats > 1).tolist()]
+        values = [gaps] + [self.steps[i][4][1:] for i in multi]
+        counts = [np.ones(gaps.size, np.int64)] + [np.full(int(repeats[i]) - 1, emitting[i], np.int64)
+                                                   for i in multi]
+        itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts)
+        keep = itl_count > 0
+        itl_ns, itl_count = itl_ns[keep], itl_count[keep]
+
+        output = self.output_tokens
+        if (tokens_out > output).any():
+            raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
+                              f"rows {np.flatnonzero(tokens_out > output)[:8].tolist()}")
+        done = (tokens_out == output) & (output > 0)
+        if not self.holds_responses and (last_seen[done] > last_emit_rec[done]).any():
+            raise PolicyError(f"{name} scheduled a request after it had emitted all its tokens")
+        status = self.status
+        rejected = status > COMPLETED
+        if (rejected & (first_seen >= 0)).any():
+            raise PolicyError(f"{name} ran a request it had rejected")
+        status[(first_seen >= 0) & ~done] = RUNNING
+        status[done] = COMPLETED
+        end_ns = self.end_ns
+        # A static batch answers its members together, at the end of its last step.
+        finish = np.append(end, -1)[last_seen] if self.holds_responses else last_token_ns
+        end_ns[done] = finish[done]
+
+        pre = np.add.reduceat(np.where(tokens > 1, tokens, 0), np.cumsum(sizes) - sizes) if nsteps else tokens
+        tok = np.add.reduceat(tokens, np.cumsum(sizes) - sizes) if nsteps else tokens
+        stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
+        hits = stats.pop("prefix_hit_tokens_per_request", None)
+        return LLMResult(
+            requests=self.req, status=status, scheduled_ns=scheduled_ns,
+            first_token_ns=first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),
+            preemptions=self.preemptions,
+            prefix_hit_tokens=(np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)),
+            itl_ns=itl_ns, itl_count=itl_count,
+            step_start_ns=start, step_end_ns=end, step_repeats=repeats.astype(np.int32),
+            step_seqs=sizes.astype(np.int32), step_tokens=tok.astype(np.int32),
+            step_prefill_tokens=pre.astype(np.int32),
+            step_kv_blocks=np.fromiter((st.kv_blocks_used for st in steps), np.int32, nsteps),
+            step_waiting=np.fromiter((st.waiting for st in steps), np.int32, nsteps),
+            step_preempted=np.fromiter((st.preempted.shape[0] for st in steps), np.int32, nsteps),
+            kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=self.seed,
+            stats=stats)
