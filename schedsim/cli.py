@@ -22,12 +22,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _mount_subcommands() -> None:
-    from schedsim import cli_live, cli_profile
+    from schedsim import cli_live, cli_profile, cli_sweep
     from schedsim.cli_trace import app as trace_app
 
     app.add_typer(trace_app, name="trace", help="Make, inspect and download request traces.")
     app.add_typer(cli_profile.app, name="profile", help="Measure engines into cost tables; show and compare them.")
     cli_live.register(app)
+    cli_sweep.register(app)  # sweep, plan, autoscale
 
 
 _mount_subcommands()
@@ -53,6 +54,8 @@ def run(
     param: o.Param = [],
     triton_config: o.TritonConfig = None,
     instances: o.Instances = None,
+    replicas: Annotated[int, typer.Option(help="Replicas behind a router, each with its own policy and --instances instances.")] = 1,
+    router: Annotated[str, typer.Option(help="With --replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class.")] = "round-robin",
     seed: Annotated[int, typer.Option(help="Seed for service-time draws.")] = 1,
     replications: Annotated[int, typer.Option(help="Runs with seeds seed, seed+1, ...; reports means and 95% CIs.")] = 1,
     warmup_s: o.WarmupS = 0.0,
@@ -103,7 +106,8 @@ def run(
         profile=profile, triton_config=triton_config, instances=instances, seed=seed,
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
-        wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot)
+        wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot,
+        replicas=replicas, router=router)
     llm = LLMOptions(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
                      params=o.llm_params(
                          model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
@@ -166,7 +170,7 @@ def print_summary(outcome) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
     except InputError as exc:
         print(f"schedsim: error: {exc}", file=sys.stderr)
         return 2
@@ -179,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as exc:
         return exc.exit_code
-    return 0
+    # Typer turns Ctrl-C into Exit(130) and, with standalone_mode=False, returns that code.
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

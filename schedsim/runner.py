@@ -48,6 +48,10 @@ class RunSpec:
     """Output directory."""
     plot: bool = False
     """Write PNG plots into ``out``."""
+    replicas: int = 1
+    """Replicas behind a router, each with its own policy and ``instances`` instances."""
+    router: str = "round-robin"
+    """With replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class."""
 
 
 @dataclass
@@ -73,6 +77,8 @@ def _check(spec: RunSpec) -> None:
         raise InputError(f"--dispatch-overhead-us: {spec.dispatch_overhead_us} is not valid; expected >= 0")
     if spec.wake_overhead_us is not None and spec.wake_overhead_us < 0:
         raise InputError(f"--wake-overhead-us: {spec.wake_overhead_us} is not valid; expected >= 0")
+    if spec.replicas < 1:
+        raise InputError(f"--replicas: {spec.replicas} is not valid; expected an integer >= 1")
     if spec.plot and spec.out is None:
         raise InputError("--plot: needs --out DIR to write the plots into")
 
@@ -170,7 +176,12 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
 
     results, summaries = [], []
     for i in range(spec.replications):
-        result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
+        if spec.replicas > 1:
+            from schedsim.fleet import simulate_spec_fleet
+
+            result = simulate_spec_fleet(spec, inputs, cost, seed=spec.seed + i)
+        else:
+            result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
         results.append(result)
         summaries.append(summarize(result, spec.warmup_s))
     summary = summaries[0] if len(summaries) == 1 else (
@@ -182,8 +193,12 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         "wake_overhead_us": cost.wake_overhead_s * 1e6,
         "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
     }
+    if spec.replicas > 1:
+        summary["config"] |= {"replicas": spec.replicas, "router": spec.router}
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
-             f"{instances} instance{'s' if instances > 1 else ''}, profile {Path(profile_path).name}")
+             f"{instances} instance{'s' if instances > 1 else ''}"
+             + (f" on each of {spec.replicas} replicas behind {spec.router}" if spec.replicas > 1 else "")
+             + f", profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)
     if spec.out is not None:
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,

@@ -28,14 +28,15 @@ def simulate(requests: Requests, policy: Policy, cost, *, instances: int = 1, se
 
 class _Driver:
     def __init__(self, requests: Requests, policy: Policy, cost, instances: int, seed: int,
-                 record: bool):
+                 record: bool, env: simpy.Environment | None = None):
         if instances < 1:
             raise ValueError("instances must be >= 1")
         n = len(requests)
         self.req, self.policy, self.cost = requests, policy, cost
         self.instances, self.seed = instances, seed
         self.rng = np.random.default_rng(seed)
-        self.env = simpy.Environment()
+        # A fleet (schedsim/fleet.py) runs several drivers, one per replica, on one shared env.
+        self.env = env if env is not None else simpy.Environment()
         self.arrival_ns = requests.arrival_ns
         self.n = n
         # Samples of rows [a, b) = cum[b] - cum[a]: O(1) for a consecutive batch.

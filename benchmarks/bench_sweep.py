@@ -1,0 +1,103 @@
+"""Speed of ``schedsim sweep``: 100 cells over a 100,000-request trace, local processes
+against Ray, on this machine.
+
+    python benchmarks/bench_sweep.py              # about 2 minutes on 2 cores
+    python benchmarks/bench_sweep.py --cells 20   # a quicker look
+
+Each executor runs the same sweep (in-process ``run_sweep``, as ``schedsim sweep`` does,
+without plots) and the ranked outputs are compared byte for byte. Ray is started locally
+with ``num_cpus`` = the core count; its start-up is timed separately. One serial run
+(``--workers 1``, no pool) gives the baseline. Writes benchmarks/results/bench_sweep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+PREFERRED = "none,8/16/32,4/8/16/32/64,16/32,8/16"   # 5 values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", type=int, default=100, help="a multiple of 5 (default 100)")
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args()
+
+    from schedsim.grid import parse_grid
+    from schedsim.objective import parse_objective, parse_slo
+    from schedsim.runner import RunSpec
+    from schedsim.sweep import SweepSpec, run_sweep
+
+    delays = args.cells // 5
+    grid_items = [f"max_queue_delay_us=0:{250 * (delays - 1)}:250", f"preferred_batch_size={PREFERRED}"]
+    cores = os.cpu_count()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    trace = tmp / "trace.csv"
+    gen = ["trace", "gen", "--arrival", "poisson", "--rate", "8000", "--n", str(args.requests),
+           "--seed", "1", "--seq-len", "fixed:128", "--out", str(trace)]
+    subprocess.run([sys.executable, "-m", "schedsim.cli", *gen], check=True, stdout=subprocess.DEVNULL)
+    slo = parse_slo([], p99_ms=3.0)
+    spec = SweepSpec(base=RunSpec(trace=trace, seed=1), grid=parse_grid(grid_items), slo=slo,
+                     objective=parse_objective("max:throughput_rps", 0.01, slo), plot=False)
+    figures: dict = {"cells": args.cells, "requests": args.requests, "cores": cores,
+                     "trace": "schedsim " + " ".join(gen[:-2]), "grid": grid_items, "slo": "p99_ms<=3",
+                     "runs": {}}
+
+    def timed(name: str, **changes) -> None:
+        out = tmp / name
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        run_sweep(SweepSpec(**{**vars(spec), **changes, "out": out}))
+        wall = time.perf_counter() - t0
+        figures["runs"][name] = {"wall_s": wall, "cells_per_s": args.cells / wall,
+                                 "load_before": load0, "load_after": os.getloadavg()[0]}
+        print(f"{name:>16}: {wall:7.2f} s, {args.cells / wall:6.2f} cells/s", flush=True)
+
+    timed("serial", workers=1)
+    timed("local", executor="local", workers=cores)
+    if not args.no_ray:
+        import ray
+
+        t0 = time.perf_counter()
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=False)
+        figures["ray_start_s"] = time.perf_counter() - t0
+        print(f"{'ray.init':>16}: {figures['ray_start_s']:7.2f} s", flush=True)
+        timed("ray", executor="ray", workers=cores)
+        timed("ray (warm)", executor="ray", workers=cores)
+        figures["ray_version"] = ray.__version__
+        ray.shutdown()
+    same = {name: (tmp / name / "sweep.csv").read_bytes() == (tmp / "serial" / "sweep.csv").read_bytes()
+            and (tmp / name / "best.json").read_bytes() == (tmp / "serial" / "best.json").read_bytes()
+            for name in figures["runs"]}
+    figures["same_bytes_as_serial"] = same
+    print("same sweep.csv and best.json as serial:", same)
+    figures["machine"] = {"cpu": _cpu(), "python": platform.python_version(), "platform": platform.platform()}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_sweep.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {RESULTS / 'bench_sweep.json'}")
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()
