@@ -4,6 +4,7 @@
         --seq-lens 32 --out profiles/bert-tiny-ort-cpu.csv
     schedsim profile show profiles/bert-tiny-ort-cpu.csv --plot tiny.png
     schedsim profile compare A.csv B.csv --plot ratio.png
+    schedsim profile llm --model builtin:llama-1b --dtype bf16 --out profiles/llama-1b-steps.csv
 
 The measuring itself is :mod:`schedsim.profiler`; this module parses flags, draws the
 progress bars and tables, and makes the plots. ``python -m schedsim.cli_profile`` runs
@@ -122,6 +123,103 @@ def profile(
     for w in outcome.warnings:
         _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
     print(f"wrote {outcome.path} ({outcome.cells} cells)")
+
+
+# -- llm -------------------------------------------------------------------------------
+
+class _RichStepProgress:
+    """One bar per phase of the step profiler (prepare, warm-up, sampling, swap)."""
+
+    def __init__(self, console: Console):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("{task.fields[text]}"),
+                           console=console, transient=False)
+        self._task = None
+
+    def __enter__(self):
+        self._p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._p.__exit__(*exc)
+
+    def phase(self, name, total):
+        self._task = self._p.add_task(name, total=total, text="")
+
+    def update(self, completed, text=""):
+        self._p.update(self._task, completed=completed, text=text)
+
+    def note(self, text):
+        self._p.console.print(text)
+
+
+class _PlainStepProgress:
+    """Phase lines and a line every tenth of a phase, for logs (stderr is not a terminal)."""
+
+    def __init__(self):
+        self._name, self._total, self._next, self._t0 = "", 1, 0, 0.0
+
+    def phase(self, name, total):
+        import time
+
+        self._name, self._total, self._next, self._t0 = name, max(total, 1), 0, time.perf_counter()
+        print(f"[llm profile] {name}: {total} to do", file=sys.stderr, flush=True)
+
+    def update(self, completed, text=""):
+        import time
+
+        if completed >= self._next:
+            print(f"[llm profile] {self._name}: {completed}/{self._total} "
+                  f"({time.perf_counter() - self._t0:.0f} s) {text}", file=sys.stderr, flush=True)
+            self._next = completed + max(self._total // 10, 1)
+
+    def note(self, text):
+        print(f"[llm profile] {text}", file=sys.stderr, flush=True)
+
+
+@app.command("llm")
+def llm(
+    model: Annotated[str, typer.Option(help="builtin:llama-1b or builtin:llama-tiny (random weights).")] = "builtin:llama-1b",
+    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu (default: cuda if available).")] = None,
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay decode-only steps as CUDA graphs.")] = True,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_context: Annotated[int, typer.Option(help="Leave out steps whose longest request exceeds this many tokens.")] = 196608,
+    quick: Annotated[bool, typer.Option("--quick", help="A small grid and short sampling (a smoke test).")] = False,
+    min_samples: Annotated[Optional[int], typer.Option(help="Samples per step composition to aim for (default 15; 5 with --quick).")] = None,
+    max_time_s: Annotated[Optional[float], typer.Option(help="Cap on the sampling rounds, s (default 240; 3 with --quick).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for weights, token ids and the visiting order.")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Step-profile CSV to write (the JSON sidecar goes next to it).")] = None,
+):
+    """Measure LLM engine steps (prefill chunks, decodes, mixed) into a step profile."""
+    from schedsim.llm.step_profiler import StepProfileSpec, run_step_profile
+    from schedsim.profiler import Interrupted
+
+    if out is None:
+        raise InputError("--out is required: the step-profile CSV to write")
+    spec = StepProfileSpec(
+        model=model, dtype=dtype, device=device, cuda_graphs=cuda_graphs, block_size=block_size,
+        max_context=max_context, quick=quick,
+        warmup_calls=1 if quick else 2,
+        min_samples=min_samples if min_samples is not None else (5 if quick else 15),
+        max_time_s=max_time_s if max_time_s is not None else (3.0 if quick else 240.0),
+        swap_blocks=64 if quick else 512, seed=seed)
+    try:
+        with (_RichStepProgress(_err) if _err.is_terminal
+              else contextlib.nullcontext(_PlainStepProgress())) as bar:
+            outcome = run_step_profile(spec, out, bar)
+    except Interrupted as exc:
+        o = exc.outcome
+        kept = (f"kept {o.cells} compositions in {o.path} (marked partial)" if o.path
+                else "no composition was sampled, nothing written")
+        print(f"schedsim: interrupted: {kept}", file=sys.stderr)
+        raise typer.Exit(130) from None
+    for w in outcome.warnings:
+        _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    print(f"wrote {outcome.path} ({outcome.cells} step compositions)")
 
 
 # -- show ------------------------------------------------------------------------------
