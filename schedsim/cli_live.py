@@ -189,13 +189,13 @@ def register(app) -> None:
 def live(
     trace: Annotated[Path, typer.Argument(help="Request trace (as for schedsim run).")],
     policy: o.Policy = "dynamic",
-    backend: Annotated[str, typer.Option(help="Engine: torch, onnxruntime or tensorrt.")] = "torch",
-    model: Annotated[str, typer.Option(help="builtin:bert-base, builtin:bert-tiny, or MODEL.onnx (onnxruntime).")] = "builtin:bert-base",
+    backend: Annotated[str, typer.Option(help="Engine: torch, onnxruntime or tensorrt; torch-llm for LLM policies.")] = "torch",
+    model: Annotated[Optional[str], typer.Option(help="builtin:bert-base, builtin:bert-tiny, or MODEL.onnx (onnxruntime); torch-llm: builtin:llama-1b (default) or builtin:llama-tiny. Default: builtin:bert-base (torch-llm: builtin:llama-1b).")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available for torch, else cpu).")] = None,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", help="torch on CUDA: one CUDA graph per batch shape.")] = True,
-    precision: Annotated[Optional[str], typer.Option(help="torch: fp16, bf16 or fp32 (default fp16 on CUDA, fp32 on CPU).")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="torch: fp16, bf16 or fp32 (default fp16 on CUDA, fp32 on CPU; torch-llm: bf16 on CUDA).")] = None,
     seq_len: Annotated[int, typer.Option(help="seq_len of requests the trace gives none.")] = 128,
-    threads: Annotated[int, typer.Option(help="onnxruntime: intra-op threads per instance.")] = 1,
+    threads: Annotated[int, typer.Option(help="onnxruntime: intra-op threads per instance; torch-llm on the CPU: torch threads.")] = 1,
     max_batch_size: o.MaxBatchSize = None,
     preferred_batch_size: o.PreferredBatchSize = None,
     max_queue_delay_us: o.MaxQueueDelayUs = None,
@@ -221,8 +221,31 @@ def live(
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json, batches.csv, live.json here (required).")] = None,
     plot: Annotated[bool, typer.Option(help="Also write the plots of schedsim run.")] = False,
     json_output: o.JsonOutput = False,
+    # --- LLM live backend (--backend torch-llm; issue 6): the LLM flags of schedsim run ---
+    model_spec: o.ModelSpec = None,
+    num_gpu_blocks: o.NumGpuBlocks = None,
+    gpu_memory_gb: o.GpuMemoryGb = None,
+    gpu_memory_utilization: o.GpuMemoryUtilization = None,
+    block_size: o.BlockSize = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxNumBatchedTokens = None,
+    enable_prefix_caching: o.EnablePrefixCaching = None,
+    preemption_mode: o.PreemptionMode = None,
+    swap_space_gb: o.SwapSpaceGb = None,
+    watermark: o.Watermark = None,
+    long_prefill_token_threshold: o.LongPrefillTokenThreshold = None,
+    max_model_len: o.MaxModelLen = None,
+    reservation: o.Reservation = None,
+    slo_ttft_ms: o.SloTtftMs = None,
+    slo_tpot_ms: o.SloTpotMs = None,
+    slo_e2e_ms: o.SloE2eMs = None,
+    # --- end of the LLM live flags ---
 ):
-    """Replay TRACE in real time against a real engine, driven by the same policy as schedsim run."""
+    """Replay TRACE in real time against a real engine, driven by the same policy as schedsim run.
+
+    --backend torch-llm runs an LLM policy (continuous, paged-kv, static on a token trace)
+    on the paged-KV decoder (--model builtin:llama-1b or builtin:llama-tiny).
+    """
     from schedsim.cli import print_summary
     from schedsim.runner import RunOutcome, RunSpec
 
@@ -238,6 +261,45 @@ def live(
     spec = LiveSpec(run=run, backend=backend, model=model, device=device, cuda_graphs=cuda_graphs,
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed)
+    # --- LLM live backend (issue 6) ---
+    llm_flags = o.llm_params(
+        model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
+        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+        preemption_mode=preemption_mode, swap_space_gb=swap_space_gb, watermark=watermark,
+        long_prefill_token_threshold=long_prefill_token_threshold, max_model_len=max_model_len,
+        reservation=reservation)
+    slos = (slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)
+    if backend == "torch-llm":
+        from schedsim.cli_llm import print_llm_summary
+        from schedsim.llm.live_run import LiveLLMSpec, execute_live_llm
+        from schedsim.llm.runner import LLMOptions
+
+        llm_spec = LiveLLMSpec(
+            run=run, llm=LLMOptions(*slos, params=llm_flags),
+            model=model or "builtin:llama-1b", device=device,
+            cuda_graphs=cuda_graphs, precision=precision, time_limit_s=time_limit_s, spin_us=spin_us, seed=seed,
+            threads=threads)
+        title, summary, written = execute_live_llm(llm_spec)
+        if json_output:
+            o.print_json(summary)
+        else:
+            print_llm_summary(RunOutcome(title, summary, [], written))
+            lv = summary["live"]
+            if lv["engine_ms"].get("n"):
+                print("engine per step (ms): mean {mean:.3f}, p99 {p99:.3f}; host outside the GPU per step "
+                      "(ms): mean {0:.3f}".format(lv["step_host_ms"].get("mean", float("nan")), **lv["engine_ms"]))
+        return
+    if policy in ("continuous", "paged-kv", "llm-static"):
+        raise InputError(f"--policy {policy}: an LLM policy runs on --backend torch-llm, not {backend}")
+    if llm_flags or any(v is not None for v in slos):
+        raise InputError(f"--{next(iter(llm_flags), 'slo').replace('_', '-')}...: LLM flags apply to "
+                         f"--backend torch-llm, not --backend {backend}")
+    # --- end of the LLM live backend ---
+    if model is None:
+        from dataclasses import replace
+
+        spec = replace(spec, model="builtin:bert-base")
     title, summary, written = execute_live(spec)
     if json_output:
         o.print_json(summary)

@@ -125,6 +125,12 @@ def compare(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
 
 def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     """Compare two output directories, write validation.json (and the plot); return the report."""
+    # --- LLM runs (issue 6): TTFT/TPOT/E2E instead of request latency ---
+    if _is_llm_dir(sim_dir) or _is_llm_dir(live_dir):
+        from schedsim.llm.validate import validate_llm_dirs
+
+        return validate_llm_dirs(sim_dir, live_dir, out=out, plot=plot)
+    # --- end LLM ---
     sim, sim_cols = _load_dir(sim_dir, "--sim")
     live, live_cols = _load_dir(live_dir, "--live")
     _check_same(sim, live, sim_cols, live_cols, sim_dir, live_dir)
@@ -150,6 +156,14 @@ def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     return report
 
 
+def _is_llm_dir(path) -> bool:
+    """Whether an output directory holds an LLM run (its summary has ttft_p50_ms)."""
+    try:
+        return "ttft_p50_ms" in json.loads((Path(path) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def _plot_cdfs(path: Path, lat_sim: np.ndarray, lat_live: np.ndarray, report: dict, atomic) -> Path:
     import matplotlib
 
@@ -170,6 +184,10 @@ def _plot_cdfs(path: Path, lat_sim: np.ndarray, lat_live: np.ndarray, report: di
 
 
 def print_validation(report: dict) -> None:
+    if report.get("kind") == "llm":
+        from schedsim.llm.validate import print_llm_validation
+
+        return print_llm_validation(report)
     from rich.console import Console
     from rich.table import Table
 

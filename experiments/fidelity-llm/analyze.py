@@ -1,0 +1,206 @@
+"""The LLM fidelity table (issue 6): predicted (the simulator, here) against measured (run_h200.py).
+
+    python experiments/fidelity-llm/analyze.py --prepare            # cell traces -> traces/*.npz
+    python experiments/fidelity-llm/analyze.py --run PATH/fidelity-llm   # after the device run
+
+``--prepare`` cuts each cell's slice from ../shared/traces and writes traces/NAME.npz (the
+device reads those: it has no pyarrow). The analysis writes, per cell,
+results/cells/NAME/{live,sim}/ (requests.csv, steps.csv, summary.json: what ``schedsim live``
+and ``schedsim run`` write) and validation.json + llm_cdf_validation.png (``schedsim
+validate``), then results/fidelity_llm.csv (one row per cell), results/fidelity_llm.png and
+results/summary.json, and prints the table. ``--sim-only`` prints the predictions alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import HERE, load_cell_trace, load_cells, load_result, smoke  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "traces"
+PROFILE = ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv"
+TABLE = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "throughput", "preemptions")
+
+
+def prepare(cells_mod) -> None:
+    from schedsim.trace_io import load_trace
+
+    (HERE / "traces").mkdir(exist_ok=True)
+    loaded = {}
+    for cell in cells_mod.CELLS:
+        name = cell["trace"]
+        if name not in loaded:
+            loaded[name] = load_trace(SHARED / name)
+        t = loaded[name]
+        lo = int(np.searchsorted(t.arrival_s, cells_mod.WINDOW_S[name]))
+        s = t.slice(lo, lo + cell["requests"])
+        arr = s.arrival_s - s.arrival_s[0]
+        native = (len(s) - 1) / arr[-1]
+        arr = arr * native / cell["rate_rps"]
+        cols = {"arrival_s": arr, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+                "request_id": s.request_id}
+        if s.hash_ids is not None:
+            cols |= {"hash_offsets": s.hash_offsets, "hash_ids": s.hash_ids,
+                     "hash_block_tokens": np.int64(s.meta.get("hash_block_tokens", 512))}
+        np.savez_compressed(HERE / "traces" / f"{cell['name']}.npz", **cols)
+        print(f"{cell['name']:<24} {len(s):4d} requests, native {native:.2f} req/s -> {cell['rate_rps']} req/s, "
+              f"{arr[-1]:.1f} s of arrivals, prompts mean {s.input_tokens.mean():.0f} max {s.input_tokens.max()}")
+
+
+def config(cell: dict, driver: str) -> dict:
+    return {"trace": f"traces/{cell['name']}.npz", "policy": cell["policy"], "params": cell["params"],
+            "instances": 1, "warmup_s": 0.0, "rate_scale": 1.0, "driver": driver}
+
+
+def cell_trace(cell, is_smoke: bool):
+    trace = load_cell_trace(HERE / "traces" / f"{cell['name']}.npz")
+    return smoke(cell, trace) if is_smoke else (cell, trace)
+
+
+def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False) -> dict:
+    from schedsim.llm.cost import StepCostModel, load_step_profile
+    from schedsim.llm.metrics import summarize_llm
+    from schedsim.llm.report import write_llm_outputs
+    from schedsim.llm.simulate import simulate_llm
+    from schedsim.plugins import build_policy
+    from schedsim.policy import Requests
+
+    cell, trace = cell_trace(cell, is_smoke)
+    requests = Requests.from_trace(trace)
+    policy = build_policy(cells_mod.policy_name(cell), dict(cell["params"]))
+    cost = StepCostModel.from_profile(load_step_profile(PROFILE))
+    cost.bytes_per_block = policy.budget.block_size * policy.budget.spec.kv_bytes_per_token
+    result = simulate_llm(requests, policy, cost, seed=1)
+    summary = summarize_llm(result)
+    summary["config"] = config(cell, "simulate") | {"profile": str(PROFILE), "replications": 1}
+    if out_dir is not None:
+        write_llm_outputs(out_dir, result, trace.request_id, summary)
+    return summary
+
+
+def write_live(cell, run_dir: Path, out_dir: Path, is_smoke: bool = False) -> dict:
+    from schedsim.llm.report import write_llm_outputs
+    from schedsim.policy import Requests
+
+    cell, trace = cell_trace(cell, is_smoke)
+    cell_dir = run_dir / "cells" / cell["name"]
+    result = load_result(cell_dir, Requests.from_trace(trace))
+    summary = json.loads((cell_dir / "summary.json").read_text())
+    summary["config"] = config(cell, "live") | {"backend": "torch-llm", "model": "builtin:llama-1b",
+                                                 "device": "cuda", "precision": "bf16"}
+    write_llm_outputs(out_dir, result, trace.request_id[:len(result.requests)], summary)
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prepare", action="store_true", help="cut the cell traces into traces/*.npz")
+    ap.add_argument("--run", type=Path, help="run_h200.py's --out directory, fetched from the device")
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--sim-only", action="store_true", help="print the predictions only")
+    ap.add_argument("--smoke", action="store_true", help="analyze run_h200.py --smoke's CPU output")
+    args = ap.parse_args(argv)
+    cells_mod = load_cells()
+    if args.prepare:
+        prepare(cells_mod)
+        return 0
+    if args.sim_only or args.run is None:
+        for cell in cells_mod.CELLS:
+            s = simulate(cell, cells_mod, None)
+            print(f"{cell['name']:<24} TTFT p50 {s['ttft_p50_ms']:8.1f} p99 {s['ttft_p99_ms']:8.1f}  TPOT p50 "
+                  f"{s['tpot_p50_ms']:6.2f} p99 {s['tpot_p99_ms']:6.2f}  E2E p50 {s['e2e_p50_ms']:7.0f} p99 "
+                  f"{s['e2e_p99_ms']:7.0f}  pre {s['preemptions']:4d}  busy until {s['duration_s']:.1f} s")
+        return 0
+
+    from schedsim.files import write_json
+    from schedsim.llm.validate import validate_llm_dirs
+
+    rows = []
+    for cell in cells_mod.CELLS:
+        if not (args.run / "cells" / cell["name"] / "summary.json").exists():
+            print(f"{cell['name']}: not measured (skipped on the device)")
+            continue
+        base = args.results / "cells" / cell["name"]
+        live = write_live(cell, args.run, base / "live", args.smoke)
+        simulate(cell, cells_mod, base / "sim", args.smoke)
+        report = validate_llm_dirs(base / "sim", base / "live", out=base, plot=True)
+        row = {"cell": cell["name"], "policy": cell["policy"], "rate_rps": cell["rate_rps"],
+               "requests": report["trace_requests"], "partial": bool(live.get("partial"))}
+        for key in TABLE:
+            m = report["metrics"][key]
+            row[f"{key}_pred"], row[f"{key}_meas"], row[f"{key}_err_pct"] = m["predicted"], m["measured"], m["err_pct"]
+        for k in ("ttft", "tpot", "e2e"):
+            row[f"ks_{k}"] = report["ks"][k]["stat"]
+        lv = live.get("live", {})
+        row["engine_gpu_ms_mean"] = lv.get("engine_gpu_ms", {}).get("mean")
+        row["step_host_ms_mean"] = lv.get("step_host_ms", {}).get("mean")
+        row["targets_met"] = report["targets_met"]
+        rows.append(row)
+    if not rows:
+        print("no measured cells")
+        return 1
+    args.results.mkdir(parents=True, exist_ok=True)
+    import csv
+
+    with open(args.results / "fidelity_llm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    _plot(rows, args.results / "fidelity_llm.png")
+    lat = [abs(r[f"{k}_err_pct"]) for r in rows for k in TABLE[:6] if math.isfinite(r[f"{k}_err_pct"])]
+    summary = {"cells": len(rows), "targets_met_cells": sum(r["targets_met"] for r in rows),
+               "latency_abs_err_pct_median": float(np.median(lat)) if lat else None,
+               "latency_abs_err_pct_worst": float(np.max(lat)) if lat else None,
+               "profile": str(PROFILE.relative_to(ROOT)), "run": str(args.run)}
+    write_json(args.results / "summary.json", summary)
+    print(f"{'cell':<24}" + "".join(f"{k:>18}" for k in TABLE))
+    for r in rows:
+        print(f"{r['cell']:<24}" + "".join(f"{_fmt(r, k):>18}" for k in TABLE))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _fmt(r, k) -> str:
+    e = r[f"{k}_err_pct"]
+    m = r[f"{k}_meas"]
+    return f"{m:.4g} ({e:+.1f}%)" if m is not None and math.isfinite(e) else f"{m} (-)"
+
+
+def _plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = TABLE[:6]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(keys)
+    x = np.arange(len(rows))
+    for i, k in enumerate(keys):
+        ax.bar(x + i * width, [r[f"{k}_err_pct"] for r in rows], width, label=k)
+    ax.axhspan(-5, 5, color="green", alpha=0.1, label="target ±5%")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(x + 0.4 - width / 2)
+    ax.set_xticklabels([r["cell"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("predicted - measured (% of measured)")
+    ax.set_title("LLM fidelity: llama-1b bf16 on one H200, simulator vs live engine")
+    ax.legend(fontsize=7, ncol=4)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

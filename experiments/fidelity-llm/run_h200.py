@@ -1,0 +1,124 @@
+"""The LLM fidelity table's device half: every cell live on the H200 (analyze.py is the other half).
+
+Runs on the device image (Python 3.12, torch with CUDA, numpy; no simpy, no pyarrow, no
+typer needed): it imports schedsim.llm.live, schedsim.engines.llm_engine, the policies and
+schedsim.llm.metrics, none of which imports simpy, pyarrow or typer. This is what
+``schedsim live TRACE --backend torch-llm --model builtin:llama-1b --device cuda [cell flags]``
+does, with the CLI's trace loading and CSV writing left to analyze.py, and one engine (one
+weight load, one KV pool as large as the largest cell's, one set of captured decode graphs)
+shared by all cells.
+
+Per cell (cells.py) it writes OUT/cells/NAME/: result.npz + result.json (the LLMResult;
+analyze.py writes requests.csv and steps.csv from it), summary.json, live.json (engine
+timings, lateness, failures) and live_steps.csv. Cells already finished (a summary.json) are
+skipped, so a rerun into the same OUT resumes; --budget-s stops starting cells in time.
+
+    export PYTHONPATH=. PYTHONUNBUFFERED=1
+    python3 experiments/fidelity-llm/run_h200.py --out "$OUT/fidelity-llm"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import HERE, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
+from schedsim.files import json_safe  # noqa: E402
+from schedsim.llm.live import engine_context, run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
+from schedsim.llm.metrics import summarize_llm  # noqa: E402
+from schedsim.plugins import build_policy  # noqa: E402
+from schedsim.policy import Requests  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")) / "fidelity-llm")
+    ap.add_argument("--cells", default="", help="comma-separated substrings: only matching cells")
+    ap.add_argument("--budget-s", type=float, default=500.0, help="start no cell after this much wall time")
+    ap.add_argument("--drain-s", type=float, default=60.0, help="time limit past a cell's last arrival")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU check of this script: llama-tiny, fp32, 60 blocks, 12 requests per cell")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from schedsim.engines.llm_engine import PagedLLMEngine
+    from schedsim.measure import gpu_state, machine_metadata
+
+    t_start = time.perf_counter()
+    out = args.out
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    print(f"command: {' '.join(sys.argv)}", flush=True)
+    gpu_before = gpu_state() if not args.smoke else None
+    cells_mod = load_cells()
+    cells = [c for c in cells_mod.CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
+    model, device, dtype = ("llama-tiny", "cpu", torch.float32) if args.smoke else ("llama-1b", "cuda", torch.bfloat16)
+    if args.smoke:
+        torch.set_num_threads(1)
+    runs = []
+    for cell in cells:
+        trace = load_cell_trace(HERE / "traces" / f"{cell['name']}.npz")
+        if args.smoke:
+            cell, trace = smoke(cell, trace)
+        params = dict(cell["params"])
+        runs.append((cell, trace, Requests.from_trace(trace), build_policy(cells_mod.policy_name(cell), params)))
+    blocks = max(p.budget.num_blocks for *_, p in runs)
+    longest = max(engine_context(r, p) for _, _, r, p in runs) - 1
+    with PagedLLMEngine(model, blocks, 16, device, dtype, cuda_graphs=True, seed=0,
+                        max_context=longest + 1) as engine:
+        setup = warm_up(engine, max_seqs=max(p.max_num_seqs for *_, p in runs), max_context=longest + 1,
+                        prefill_tokens=8192)
+        print(f"engine: {blocks} blocks, max context {longest + 1}; warm-up {setup['engine_warmup_s']:.1f} s, "
+              f"{setup['warmup_decode_shapes']} decode shapes, {len(engine.graph_shapes)} graphs "
+              f"[{time.perf_counter() - t_start:.0f} s]", flush=True)
+        done, skipped = [], []
+        for cell, trace, requests, policy in runs:
+            cell_dir = out / "cells" / cell["name"]
+            if (cell_dir / "summary.json").exists():
+                continue
+            if time.perf_counter() - t_start > args.budget_s:
+                skipped.append(cell["name"])
+                continue
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            limit = float(trace.arrival_s[-1]) + args.drain_s
+            result, extra = run_live_llm(requests, policy, engine, time_limit_s=limit, engine_warmup=False)
+            wall = time.perf_counter() - t0
+            save_result(cell_dir, result)
+            write_live_steps_csv(cell_dir / "live_steps.csv", extra["steps"])
+            timing = {k: v for k, v in extra.items() if k not in ("steps", "tokens")}
+            (cell_dir / "live.json").write_text(json.dumps(json_safe(
+                timing | {"cell": cell, "wall_s": wall, "engine": engine.describe(), "smoke": args.smoke,
+                          "gpu": torch.cuda.get_device_name() if device == "cuda" else None}), indent=2, default=str))
+            s = summarize_llm(result)
+            s["partial"] = bool(extra["partial"])
+            s["live"] = {k: timing[k] for k in ("engine_gpu_ms", "engine_ms", "step_host_ms", "schedule_us",
+                                                "delivery_delay_us", "swaps", "failed_steps")}
+            (cell_dir / "summary.json").write_text(json.dumps(json_safe(s), indent=2, sort_keys=True) + "\n")
+            done.append(cell["name"])
+            print(f"{cell['name']:<24} {len(requests):4d} req  TTFT p50 {s['ttft_p50_ms']:8.1f} p99 "
+                  f"{s['ttft_p99_ms']:8.1f}  TPOT p50 {s['tpot_p50_ms']:6.2f} p99 {s['tpot_p99_ms']:6.2f}  "
+                  f"E2E p99 {s['e2e_p99_ms']:8.0f} ms  pre {s['preemptions']}  steps {s['steps']}  "
+                  f"host/step {timing['step_host_ms'].get('mean', float('nan')):.3f} ms  "
+                  f"{'PARTIAL ' if extra['partial'] else ''}wall {wall:.0f} s [{time.perf_counter() - t_start:.0f} s]",
+                  flush=True)
+        warnings = list(engine.warnings)
+    (out / "run_info.json").write_text(json.dumps(json_safe({
+        "cells_done": done, "cells_skipped_budget": skipped, "wall_s": time.perf_counter() - t_start,
+        "setup": setup, "engine_warnings": warnings, "smoke": args.smoke,
+        "machine": machine_metadata(gpu_before) if not args.smoke else None}), indent=2, default=str))
+    print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
