@@ -53,6 +53,8 @@ Public interface of :class:`KVCacheManager`:
 - ``computed_prefix(req, keys, num_tokens, count=True)``: cached tokens for a new request.
 - ``allocate(req, num_tokens, keys=None, num_cached_tokens=0, watermark_blocks=0)``:
   grow ``req`` to cover ``num_tokens``; new blocks taken, or ``None`` if it does not fit.
+- ``allocate_round_robin(reqs, num_blocks)``: one block each to ``reqs`` in turn, cycling
+  (the blocks of a run of repeated decode steps, in one call).
 - ``cache_blocks(req, num_full_blocks, keys)``: register the request's full blocks.
 - ``free(req)``: release a request's GPU blocks (or its swap blocks if swapped out).
 - ``blocks_of(req)`` / ``holds(req)`` / ``is_swapped(req)``: what a request has.
@@ -70,7 +72,6 @@ groups; lookahead (speculative) slots; v0's prefix-caching CPU allocator.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 __all__ = ["KVCacheError", "KVCacheManager"]
@@ -86,10 +87,13 @@ class KVCacheManager:
     Requests are named by any hashable id (schedsim uses integer trace rows).
     """
 
+    COMPACT_AT = 4096
+    """Consumed free-queue entries kept before the list is trimmed (amortised O(1))."""
+
     __slots__ = (
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
-        "num_swap_blocks", "_free", "_ref", "_key", "_cache", "_dups", "_req",
-        "_ncached", "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
+        "num_swap_blocks", "_queue", "_head", "_stale", "_nstale", "_ref", "_nshared", "_key",
+        "_cache", "_dups", "_req", "_ncached", "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
@@ -106,10 +110,18 @@ class KVCacheManager:
         self.usable_blocks = self.num_blocks - 1
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.num_swap_blocks = int(num_swap_blocks)
-        # Free queue, head first. OrderedDict gives O(1) popleft, append and remove-from-
-        # middle (a cached free block hit by a lookup), all in C.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_blocks))
+        # Free queue, head first: the live entries of _queue[_head:]. Blocks are taken from
+        # the head with a list slice and freed onto the tail with one extend (a simulated run
+        # moves millions). A free block taken from the middle (a prefix hit) leaves a stale
+        # entry behind, counted in _stale[block] and skipped when the head reaches it: a
+        # block re-enters the queue only at the tail, so its stale entries come before its
+        # live one.
+        self._queue: list[int] = list(range(1, self.num_blocks))
+        self._head = 0
+        self._stale: dict[int, int] = {}
+        self._nstale = 0
         self._ref = [0] * self.num_blocks
+        self._nshared = 0   # blocks held by more than one request (prefix hits)
         self._key: list[Hashable | None] = [None] * self.num_blocks   # block -> its cache key
         self._cache: dict[Hashable, int] = {}          # key -> block lookups return
         self._dups: dict[Hashable, list[int]] = {}     # key -> later blocks with that key, oldest first
@@ -124,11 +136,11 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._queue) - self._head - self._nstale
 
     @property
     def num_used_blocks(self) -> int:
-        return self.usable_blocks - len(self._free)
+        return self.usable_blocks - self.num_free_blocks
 
     @property
     def num_free_swap_blocks(self) -> int:
@@ -195,8 +207,7 @@ class KVCacheManager:
             raise KVCacheError(f"cache_blocks: request {req!r} has {len(blocks)} blocks and "
                                f"{len(keys)} keys, cannot cache {num_full_blocks}")
         bkey, cache = self._key, self._cache
-        for i in range(start, num_full_blocks):
-            b, k = blocks[i], keys[i]
+        for b, k in zip(blocks[start:num_full_blocks], keys[start:num_full_blocks]):
             old = bkey[b]
             if old is not None:
                 if old != k:
@@ -204,15 +215,13 @@ class KVCacheManager:
                                        f"under {old!r}, not {k!r}")
                 continue
             bkey[b] = k
-            if k in cache:
+            if cache.setdefault(k, b) != b:   # another block has the key: b is its successor
                 self._dups.setdefault(k, []).append(b)
-            else:
-                cache[k] = b
         self._ncached[req] = num_full_blocks
 
-    def _uncache(self, b: int) -> None:
-        k = self._key[b]
-        self._key[b] = None
+    def _uncache(self, b: int, k: Hashable) -> None:
+        """Drop block ``b``'s key ``k`` (its key entry is already cleared): the next block
+        with the key, if any, takes over lookups."""
         if self._cache[k] == b:
             later = self._dups.get(k)
             if later:
@@ -230,14 +239,54 @@ class KVCacheManager:
     # -- allocation --------------------------------------------------------------------
 
     def _take(self, n: int, out: list[int]) -> None:
-        """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked room)."""
-        popitem, ref, bkey = self._free.popitem, self._ref, self._key
-        for _ in range(n):
-            b = popitem(last=False)[0]
-            if bkey[b] is not None:
-                self._uncache(b)
+        """Pop ``n`` blocks from the free-queue head onto ``out`` (caller checked room)."""
+        queue, head = self._queue, self._head
+        taken = queue[head:head + n]
+        if self._stale and not self._stale.keys().isdisjoint(taken):
+            taken = self._take_past_stale(n)
+        else:
+            self._head = head + n
+        ref = self._ref
+        for b in taken:
             ref[b] = 1
-            out.append(b)
+        if self.enable_prefix_caching:   # a popped cached block is evicted
+            bkey, cache, dups = self._key, self._cache, self._dups
+            for b in taken:
+                k = bkey[b]
+                if k is not None:
+                    bkey[b] = None
+                    if dups:
+                        self._uncache(b, k)
+                    else:   # one block per key: k's is b
+                        del cache[k]
+        out += taken
+        if self._head > self.COMPACT_AT and self._head * 2 > len(queue):   # drop the consumed entries
+            del queue[:self._head]
+            self._head = 0
+
+    def _take_past_stale(self, n: int) -> list[int]:
+        """:meth:`_take`'s slow path: the next ``n`` live entries, dropping stale ones passed."""
+        queue, stale, i = self._queue, self._stale, self._head
+        taken: list[int] = []
+        while len(taken) < n:
+            b = queue[i]
+            i += 1
+            left = stale.get(b)
+            if left:
+                self._nstale -= 1
+                if left == 1:
+                    del stale[b]
+                else:
+                    stale[b] = left - 1
+            else:
+                taken.append(b)
+        self._head = i
+        return taken
+
+    def _unqueue(self, b: int) -> None:
+        """Take free block ``b`` out of the middle of the free queue (it leaves a stale entry)."""
+        self._stale[b] = self._stale.get(b, 0) + 1
+        self._nstale += 1
 
     def allocate(self, req: Hashable, num_tokens: int, keys: Sequence[Hashable] | None = None,
                  num_cached_tokens: int = 0, watermark_blocks: int = 0) -> int | None:
@@ -258,7 +307,7 @@ class KVCacheManager:
             need = -(-num_tokens // self.block_size) - len(blocks)
             if need <= 0:
                 return 0
-            if need + watermark_blocks > len(self._free):
+            if need + watermark_blocks > self.num_free_blocks:
                 if need + len(blocks) > self.usable_blocks:
                     raise KVCacheError(f"allocate: request {req!r} needs {need + len(blocks)} "
                                        f"blocks; only {self.usable_blocks} exist")
@@ -292,18 +341,43 @@ class KVCacheManager:
                 if ref[b] == 0:
                     evictable += 1
         need = total - len(hit_blocks)
-        if need + evictable + watermark_blocks > len(self._free):
+        if need + evictable + watermark_blocks > self.num_free_blocks:
             return None
         if hit_blocks:
-            ref, free = self._ref, self._free
+            ref = self._ref
             for b in hit_blocks:
                 if ref[b] == 0:
-                    del free[b]
+                    self._unqueue(b)
+                elif ref[b] == 1:
+                    self._nshared += 1
                 ref[b] += 1
         self._take(need, hit_blocks)
         self._req[req] = hit_blocks
         self._ncached[req] = total - need
         return need
+
+    def allocate_round_robin(self, reqs: Sequence[Hashable], num_blocks: int) -> None:
+        """Give one more block to each of ``reqs`` in turn, cycling, ``num_blocks`` in all.
+
+        The same as ``num_blocks`` one-block :meth:`allocate` calls for ``reqs[0], reqs[1],
+        ..., reqs[-1], reqs[0], ...`` (blocks leave the head in that order), in one call:
+        how a run of repeated decode steps grows its requests. Each must hold blocks;
+        raises :class:`KVCacheError`, changing nothing, if fewer than ``num_blocks`` are free.
+        """
+        tables = []
+        for req in reqs:
+            blocks = self._req.get(req)
+            if blocks is None:
+                raise KVCacheError(f"allocate_round_robin: request {req!r} holds no blocks")
+            tables.append(blocks)
+        if num_blocks > self.num_free_blocks:
+            raise KVCacheError(f"allocate_round_robin: {num_blocks} blocks asked, "
+                               f"{self.num_free_blocks} free")
+        taken: list[int] = []
+        self._take(num_blocks, taken)
+        k = len(tables)
+        for i, blocks in enumerate(tables):
+            blocks += taken[i::k]
 
     def free(self, req: Hashable) -> None:
         """Release ``req``'s GPU blocks (tail blocks first to the free-queue tail), or its
@@ -319,12 +393,20 @@ class KVCacheManager:
         self._release(blocks)
 
     def _release(self, blocks: list[int]) -> None:
-        ref, free = self._ref, self._free
+        ref = self._ref
+        if not self._nshared:   # no block is shared: all go back, tail first
+            for b in blocks:
+                ref[b] = 0
+            self._queue += reversed(blocks)
+            return
+        append = self._queue.append
         for b in reversed(blocks):
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                free[b] = None
+                append(b)
+            elif r == 1:
+                self._nshared -= 1
 
     # -- swap (vLLM v0) ----------------------------------------------------------------
 
@@ -348,14 +430,14 @@ class KVCacheManager:
 
     def can_swap_in(self, req: Hashable, watermark_blocks: int = 0) -> bool:
         n = self._swapped.get(req)
-        return n is not None and n + watermark_blocks <= len(self._free)
+        return n is not None and n + watermark_blocks <= self.num_free_blocks
 
     def swap_in(self, req: Hashable) -> int:
         """Bring ``req`` back: take as many fresh GPU blocks, release its swap blocks."""
         n = self._swapped.get(req)
-        if n is None or n > len(self._free):
+        if n is None or n > self.num_free_blocks:
             raise KVCacheError(f"swap_in: request {req!r} cannot be swapped in "
-                               f"(swapped: {n is not None}, free blocks: {len(self._free)})")
+                               f"(swapped: {n is not None}, free blocks: {self.num_free_blocks})")
         del self._swapped[req]
         self._free_swap += n
         blocks: list[int] = []
@@ -368,7 +450,14 @@ class KVCacheManager:
 
     def free_block_ids(self) -> list[int]:
         """The free queue, head (next allocated) first."""
-        return list(self._free)
+        stale = dict(self._stale)
+        out = []
+        for b in self._queue[self._head:]:
+            if stale.get(b):
+                stale[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
@@ -379,7 +468,7 @@ class KVCacheManager:
     def state(self) -> tuple:
         """A hashable snapshot of the whole state (tests: determinism, failure side effects)."""
         return (
-            tuple(self._free), tuple(self._ref), tuple(self._key),
+            tuple(self.free_block_ids()), tuple(self._ref), tuple(self._key),
             tuple(self._cache.items()), tuple((k, tuple(v)) for k, v in self._dups.items()),
             tuple((r, tuple(b)) for r, b in self._req.items()), tuple(self._ncached.items()),
             tuple(self._swapped.items()), self._free_swap, self.hit_tokens, self.queried_tokens,
@@ -392,7 +481,12 @@ class KVCacheManager:
                 raise KVCacheError(f"check: {what}")
 
         n = self.num_blocks
-        need(0 not in self._free and self._ref[0] == 0 and self._key[0] is None,
+        free = self.free_block_ids()
+        need(len(set(free)) == len(free), "a block is in the free queue twice")
+        need(self._nstale == sum(self._stale.values()) and all(v > 0 for v in self._stale.values()),
+             "stale free-queue entries miscounted")
+        free = set(free)
+        need(0 not in free and self._ref[0] == 0 and self._key[0] is None,
              "null block 0 is free, held or cached")
         holders = [0] * n
         for req, blocks in self._req.items():
@@ -408,8 +502,9 @@ class KVCacheManager:
         need(self._ncached.keys() == self._req.keys(), "cached-count table out of step with requests")
         for b in range(1, n):
             need(self._ref[b] == holders[b], f"block {b}: ref {self._ref[b]} != holders {holders[b]}")
-            need((b in self._free) == (holders[b] == 0), f"block {b}: free={b in self._free}, holders={holders[b]}")
-        need(len(self._free) + self.num_used_blocks == self.usable_blocks
+            need((b in free) == (holders[b] == 0), f"block {b}: free={b in free}, holders={holders[b]}")
+        need(self._nshared == sum(1 for h in holders if h > 1), "shared-block count is off")
+        need(len(free) + self.num_used_blocks == self.usable_blocks
              and self.num_used_blocks == sum(1 for h in holders if h), "block counts do not add up")
         # Cache: each keyed block is listed exactly once, under its own key.
         listed: dict[int, Hashable] = {}

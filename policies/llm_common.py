@@ -50,6 +50,10 @@ def check_token_columns(requests: Requests, policy: str) -> None:
                          f"{int(requests.input_tokens[bad])}; LLM policies need prompts of >= 1 token")
 
 
+KEY_SPAN = 1 << 40
+"""Block indices per key family: the key of (family, block j) is ``family * KEY_SPAN + j``."""
+
+
 class BlockKeys:
     """Prefix-cache keys of a request's full KV blocks, computed on demand.
 
@@ -57,7 +61,9 @@ class BlockKeys:
     (Mooncake: one id per 512 tokens, equal ids = equal prefix) is keyed by the id covering
     its last token and its index, so requests sharing a prefix share keys. Every other
     block (generated tokens, prompts without hash ids) gets a key unique to its request:
-    it can only be found again by that request, after a preemption.
+    it can only be found again by that request, after a preemption. A key is the pair
+    (id or ``-1 - row``, index) packed into one int (``id * KEY_SPAN + index``): equal
+    exactly when the pairs are, and cheaper to hash for the millions of blocks cached.
     """
 
     __slots__ = ("row", "prompt", "ids", "per_id", "block_size")
@@ -72,16 +78,22 @@ class BlockKeys:
             self.ids = []
         self.per_id = int(requests.hash_block_tokens)
 
-    def __getitem__(self, j: int):
+    def __getitem__(self, j):
+        if isinstance(j, slice):   # a list of keys: what the block manager reads
+            blocks = range(*j.indices(KEY_SPAN))
+            if not self.ids:
+                own = (-1 - self.row) * KEY_SPAN
+                return [own + i for i in blocks]
+            return [self[i] for i in blocks]
         end = (j + 1) * self.block_size  # tokens up to the end of block j
         if end <= self.prompt:
             h = (end - 1) // self.per_id
             if h < len(self.ids):
-                return (self.ids[h], j)
-        return (-1 - self.row, j)
+                return self.ids[h] * KEY_SPAN + j
+        return (-1 - self.row) * KEY_SPAN + j
 
     def __len__(self) -> int:  # keys exist for any block index the request can reach
-        return 1 << 40
+        return KEY_SPAN
 
 
 def make_step(rows: list, num_tokens: list, context: list, emits: list, **fields) -> Step:

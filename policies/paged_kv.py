@@ -105,6 +105,7 @@ class PagedKV(LLMPolicy):
         prompt, generated, computed = p.prompt, p.generated, p.computed
         budget = self.max_num_batched_tokens
         cap = self.cap  # tokens each request's blocks hold: skips the manager on most decodes
+        threshold, prefix_caching = self.threshold, self.prefix_caching
         rows, ntok, ctx, emit = [], [], [], []
         preempted: list[int] = []
         running = self.running
@@ -114,23 +115,24 @@ class PagedKV(LLMPolicy):
             c = computed[r]
             known = prompt[r] + generated[r]
             n = known - c
-            if self.threshold and n > self.threshold:
-                n = self.threshold
+            if threshold and n > threshold:
+                n = threshold
             if n > budget:
                 n = budget
-            if c + n > cap[r]:  # needs a new block (a decode: once in block_size steps)
-                while kv.allocate(r, c + n) is None:
+            end = c + n
+            if end > cap[r]:  # needs a new block (a decode: once in block_size steps)
+                while kv.allocate(r, end) is None:
                     victim = running.pop()
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim == r:
                         break
                 else:
-                    cap[r] = -(-(c + n) // bs) * bs
-            if c + n <= cap[r]:
-                if self.prefix_caching and (c + n) // bs > c // bs:
-                    kv.cache_blocks(r, (c + n) // bs, self.keys[r])
-                rows.append(r); ntok.append(n); ctx.append(c); emit.append(c + n == known)
+                    cap[r] = -(-end // bs) * bs
+            if end <= cap[r]:
+                if prefix_caching and end // bs > c // bs:
+                    kv.cache_blocks(r, end // bs, self.keys[r])
+                rows.append(r); ntok.append(n); ctx.append(c); emit.append(end == known)
                 budget -= n
                 i += 1
                 continue
@@ -185,16 +187,16 @@ class PagedKV(LLMPolicy):
         return step
 
     def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
-        p, kv = self.p, self.kv
+        p, kv, bs, cap = self.p, self.kv, self.block_size, self.cap
         computed, generated, output = p.computed, p.generated, p.output
         rows = step.rows.tolist()
         if repeats > 1:
             self._replay_allocations(rows, step.context.tolist(), repeats)
-            bs, cap = self.block_size, self.cap
             for r in rows:
-                computed[r] += repeats
+                c = computed[r] = computed[r] + repeats
                 generated[r] += repeats
-                cap[r] = max(cap[r], -(-computed[r] // bs) * bs)
+                if c > cap[r]:
+                    cap[r] = -(-c // bs) * bs
         else:
             for r, n, e in zip(rows, step.num_tokens.tolist(), step.emits.tolist()):
                 computed[r] += n
@@ -205,13 +207,12 @@ class PagedKV(LLMPolicy):
             done = set(finished)
             for r in finished:
                 if self.prefix_caching:
-                    kv.cache_blocks(r, computed[r] // self.block_size, self.keys[r])
+                    kv.cache_blocks(r, computed[r] // bs, self.keys[r])
                 kv.free(r)
-                self.cap[r] = 0
+                cap[r] = 0
                 self.keys.pop(r, None)
             self.running = [r for r in self.running if r not in done]
         elif self.prefix_caching and repeats > 1:
-            bs = self.block_size
             for r in rows:
                 kv.cache_blocks(r, computed[r] // bs, self.keys[r])
 
@@ -268,11 +269,13 @@ class PagedKV(LLMPolicy):
 
     def _repeat_horizon(self, rows: list, ctx: list) -> int:
         """How many identical decode steps can run before a request finishes or blocks run out."""
-        p = self.p
-        most = min(p.output[r] - p.generated[r] for r in rows)
+        output, generated = self.p.output, self.p.generated
+        most = min([output[r] - generated[r] for r in rows])
         if most <= 1:
             return 1
         bs, free = self.block_size, self.kv.num_free_blocks
+        if len(rows) * ((most - 1) // bs + 1) <= free:   # room even if every step took a block
+            return most
         c = np.asarray(ctx, dtype=np.int64)
         held = -(-(c + 1) // bs)
 
@@ -291,15 +294,18 @@ class PagedKV(LLMPolicy):
         return lo
 
     def _replay_allocations(self, rows: list, ctx: list, repeats: int) -> None:
-        """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took."""
-        bs, kv = self.block_size, self.kv
-        events = []
-        for order, (r, c) in enumerate(zip(rows, ctx)):
-            j = (-c) % bs or bs   # first later step whose token starts a new block
-            while j < repeats:
-                events.append((j, order, r, c + j + 1))
-                j += bs
-        events.sort()
-        for _, _, r, tokens in events:
-            if kv.allocate(r, tokens) is None:
-                raise AssertionError(f"row {r}: a repeated decode step ran out of blocks")
+        """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took.
+
+        Row i's token in step j (0-based) opens a block when ``ctx[i] + j`` is a multiple of
+        ``block_size``: at ``j = f, f + bs, ...`` with ``f = (-ctx[i]) % bs or bs``. Step by
+        step, vLLM takes them one at a time, rows in step order. That is a round robin over
+        the rows sorted by ``f`` (stably): one full round per ``bs`` steps, then a last
+        round of the rows whose ``f`` falls within the steps left.
+        """
+        bs = self.block_size
+        rounds, rest = divmod(repeats - 1, bs)
+        first = [(-c) % bs or bs for c in ctx]
+        cycle = [rows[i] for i in sorted(range(len(rows)), key=first.__getitem__)]
+        total = rounds * len(rows) + sum(f <= rest for f in first)
+        if total:
+            self.kv.allocate_round_robin(cycle, total)

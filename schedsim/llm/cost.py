@@ -75,6 +75,7 @@ from schedsim.errors import InputError, where
 from schedsim.files import replaced_atomically
 from schedsim.llm.shapes import (CUDA_GRAPH_BATCH_SIZES, context_blocks, context_blocks_array,
                                  graph_batch, graph_batch_array)
+from schedsim.llm.step import SMALL, int_max
 
 SCHEMA = "schedsim.step_profile/1"
 
@@ -125,6 +126,38 @@ def _combine(coef, feats):
 
 def _round_up(x, block_size):
     return -(-x // block_size) * block_size
+
+
+def _summary_of_lists(num_tokens: list, context: list) -> tuple:
+    """(tokens, decodes, longest decode context + 1 or 0, longest prefill context + chunk,
+    prefill query-key pairs) of a step's rows, in Python ints (a short step)."""
+    tokens = nd = dmax = top = attention = 0
+    for q, c in zip(num_tokens, context):
+        tokens += q
+        if q == 1:
+            nd += 1
+            if c >= dmax:
+                dmax = c + 1
+        else:
+            attention += q * c + q * (q + 1) // 2
+            if q + c > top:
+                top = q + c
+    return tokens, nd, dmax, top, attention
+
+
+def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
+    """:func:`_summary_of_lists` of a long step, on arrays; exact integers too."""
+    decode = num_tokens == 1
+    nd = int(np.count_nonzero(decode))
+    dmax = int(context.max(where=decode, initial=-1)) + 1
+    top = attention = 0
+    if nd < num_tokens.shape[0]:
+        # Python ints over the (few) prefill chunks: exact, and cheaper than numpy on short lists.
+        pre = np.flatnonzero(~decode)
+        for q, c in zip(num_tokens[pre].tolist(), context[pre].tolist()):
+            attention += q * c + q * (q + 1) // 2
+            top = max(top, q + c)
+    return int(num_tokens.sum()), nd, dmax, top, attention
 
 
 def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> tuple:
@@ -501,6 +534,7 @@ class StepCostModel:
         self.extrapolated = False
         """Whether any step so far attended beyond :attr:`max_context_measured` (warned once)."""
         self._coef = [float(c) for c in fit.coefficients]
+        self._decode_memo: dict[tuple[int, int], float] = {}
 
     @classmethod
     def from_profile(cls, profile: StepProfile, *, extrapolate_context: bool = True,
@@ -523,31 +557,22 @@ class StepCostModel:
         n = num_tokens.shape[0]
         if n == 0:
             raise ValueError("step_ns: a step needs at least one row")
-        pre = np.flatnonzero(num_tokens != 1)
-        bs = self.block_size
-        if pre.shape[0] == 0:
-            top = int(context.max()) + 1
-            padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
-            if padded:
-                s = (1, padded, context_blocks(top, bs) * bs, 0, 0, 0, 0, 0)
-            else:
-                s = (0, 0, 0, n, 0, 0, n, _round_up(top, bs))
+        if n < SMALL:
+            tokens, nd, dmax, top, attention = _summary_of_lists(num_tokens.tolist(), context.tolist())
         else:
-            # Python ints over the (few) prefill chunks: exact, and cheaper than numpy on short lists.
-            attention = top = 0
-            for q, c in zip(num_tokens[pre].tolist(), context[pre].tolist()):
-                attention += q * c + q * (q + 1) // 2
-                top = max(top, q + c)
-            nd = n - pre.shape[0]
-            dwidth = 0
-            if nd:
-                dmax = int(context.max(where=num_tokens == 1, initial=-1)) + 1
-                top = max(top, dmax)
-                dwidth = _round_up(dmax, bs)
-            s = (0, 0, 0, int(num_tokens.sum()), n - nd, attention, nd, dwidth)
-        if top > self.max_context_measured:
-            self._beyond(top)
-        x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
+            tokens, nd, dmax, top, attention = _summary_of_arrays(num_tokens, context)
+        bs = self.block_size
+        if nd == n:   # decode-only
+            if dmax > self.max_context_measured:
+                self._beyond(dmax)
+            x = self._decode_x(n, self._decode_width(n, dmax))
+        else:
+            dwidth = _round_up(dmax, bs) if nd else 0
+            top = max(top, dmax)
+            if top > self.max_context_measured:
+                self._beyond(top)
+            s = (0, 0, 0, tokens, n - nd, attention, nd, dwidth)
+            x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
         return round(x)
@@ -560,19 +585,42 @@ class StepCostModel:
             raise ValueError("decode_run_ns: a step needs at least one row")
         if k <= 0:
             return np.empty(0, dtype=np.int64)
-        bs = self.block_size
-        top = np.arange(int(context.max()) + 1, int(context.max()) + 1 + k, dtype=np.int64)
-        if int(top[-1]) > self.max_context_measured:
-            self._beyond(int(top[-1]))
-        padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
-        if padded:
-            s = (1, padded, context_blocks_array(top, bs) * bs, 0, 0, 0, 0, 0)
-        else:
-            s = (0, 0, 0, n, 0, 0, n, _round_up(top, bs))
-        x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
-        if np.ndim(x) == 0:  # every step pads to the same shape
-            return np.full(k, round(x), dtype=np.int64)
-        return np.rint(x).astype(np.int64)
+        top = int_max(context) + 1
+        if top + k - 1 > self.max_context_measured:
+            self._beyond(top + k - 1)
+        # The price changes only where the padded width does (every block, or at powers of
+        # two for a graph): price each width once, as step_ns does, and repeat it.
+        counts, prices = [], []
+        end = top + k
+        while top < end:
+            width = self._decode_width(n, top)
+            stop = min(width + 1, end)   # the steps whose longest context + 1 is at most width
+            counts.append(stop - top)
+            prices.append(round(self._decode_x(n, width)))
+            top = stop
+        if len(prices) == 1:
+            return np.full(k, prices[0], dtype=np.int64)
+        return np.repeat(np.array(prices, dtype=np.int64), counts)
+
+    def _decode_width(self, n: int, top: int) -> int:
+        """Key/value width a decode-only step of ``n`` rows gathers when its longest row
+        attends over ``top`` tokens (its context + 1): W of a graph step, D of an eager one."""
+        if self.graph_sizes and graph_batch(n, self.graph_sizes):
+            return context_blocks(top, self.block_size) * self.block_size
+        return _round_up(top, self.block_size)
+
+    def _decode_x(self, n: int, width: int) -> float:
+        """Unrounded ns of a decode-only step of ``n`` rows gathering ``width`` tokens (memoised:
+        a run prices the same few shapes over and over)."""
+        key = (n, width)
+        x = self._decode_memo.get(key)
+        if x is None:
+            if len(self._decode_memo) >= 1 << 16:   # eager steps over ever longer contexts
+                self._decode_memo.clear()
+            padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
+            s = (1, padded, width, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, n, width)
+            x = self._decode_memo[key] = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
+        return x
 
     def _swap_ns(self, blocks: int) -> float:
         if self.swap_gb_per_s is None:

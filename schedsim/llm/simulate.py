@@ -13,12 +13,14 @@ token. Times are integer nanoseconds.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import simpy
 
 from schedsim.events import COMPLETION, DECISION, Scheduled
 from schedsim.llm.results import LLMResult
-from schedsim.llm.step import Step
+from schedsim.llm.step import Step, int_max
 from schedsim.policy import NEVER, Requests
 from schedsim.results import COMPLETED, QUEUED, REJECT_STATUS, RUNNING, PolicyError
 
@@ -42,15 +44,29 @@ class _Driver:
         self.holds_responses = bool(getattr(policy, "holds_responses", False))
         self.delivered = 0
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER
-        self.steps: list[tuple] = []   # (start, end, repeats, step, durations) per event
+        # Per event: (start, end, end of its first step, repeats, rows, kv_blocks_used,
+        # waiting, rows preempted) and its step's columns; the durations of repeated events.
+        self.log: list[tuple] = []
+        self.columns = _Columns()
+        self.runs: list[np.ndarray] = []   # durations of the steps of each repeated event
+        self.in_flight: tuple[int, Step] | None = None   # (repeats, step) of the running event
         self.sleeping = False
 
     def run(self) -> LLMResult:
         self.policy.reset(self.req)
         if self.n:
             Scheduled(self.env, int(self.arrival_ns[0]), DECISION, self._on_wake)
-        self.env.run()
-        return self._result()
+        # A run allocates millions of small containers that die young, and makes almost no
+        # reference cycles: the cyclic collector's passes over the growing log and policy
+        # state would cost ~10% of the run. Anything cyclic is collected once it is over.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+            return self._result()
+        finally:
+            if was_enabled:
+                gc.enable()
 
     # --- events ----------------------------------------------------------------------------
 
@@ -60,7 +76,7 @@ class _Driver:
 
     def _on_step_end(self, _event) -> None:
         now = self.env.now
-        _, _, repeats, step, _ = self.steps[-1]
+        repeats, step = self.in_flight
         self.policy.on_step_done(now, step, repeats)
         self._next_step(now)
 
@@ -84,33 +100,37 @@ class _Driver:
             return
         if not (step.num_tokens.shape == step.context.shape == step.emits.shape == rows.shape):
             raise PolicyError(f"{type(self.policy).__name__} returned a Step whose columns differ in length")
-        if int(rows.max()) >= self.delivered:
+        if int_max(rows) >= self.delivered:
             raise PolicyError(f"{type(self.policy).__name__} scheduled rows that have not arrived: "
                               f"{rows[rows >= self.delivered][:8].tolist()}")
         if step.preempted.shape[0]:
             self.preemptions[step.preempted] += 1
         repeat = step.repeat
         if repeat > 1:
-            if step.num_tokens.max() != 1:
+            if int_max(step.num_tokens) != 1:
                 raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
                                   f"not decode-only")
-            durations = self.cost.decode_run_ns(step.context, int(repeat))
             repeats = int(repeat)
+            durations = self.cost.decode_run_ns(step.context, repeats)
+            ends = durations.cumsum()
             if self.next_arrival_ns < NEVER:
                 # Stop after the step during which the next request arrives: the one after
                 # it is decided with that request in view.
-                ends = np.cumsum(durations)
                 repeats = min(int(ends.searchsorted(self.next_arrival_ns - now, side="left")) + 1, repeats)
-                total = int(ends[repeats - 1])
-            else:
-                total = int(durations.sum())
-            durations = durations[:repeats] if repeats > 1 else None
+            total = int(ends[repeats - 1])
+            first_end = now + int(durations[0])
+            if repeats > 1:
+                self.runs.append(durations[:repeats])
         else:
-            repeats, durations = 1, None
-            total = int(self.cost.step_ns(step.num_tokens, step.context,
-                                          step.swap_out_blocks + step.swap_in_blocks))
-        # Token times are worked out from this log once the run is over (_token_times).
-        self.steps.append((now, now + total, repeats, step, durations))
+            repeats = 1
+            total = first_end = int(self.cost.step_ns(step.num_tokens, step.context,
+                                                      step.swap_out_blocks + step.swap_in_blocks))
+            first_end += now
+        # Token times are worked out from this log once the run is over (_result).
+        self.log.append((now, now + total, first_end, repeats, rows.shape[0], step.kv_blocks_used,
+                         step.waiting, step.preempted.shape[0]))
+        self.columns.add(step)
+        self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
 
     def _reject(self, now: int, reject) -> None:
@@ -122,19 +142,12 @@ class _Driver:
 
     def _result(self) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
-        nsteps = len(self.steps)
-        start = np.fromiter((r[0] for r in self.steps), np.int64, nsteps)
-        end = np.fromiter((r[1] for r in self.steps), np.int64, nsteps)
-        repeats = np.fromiter((r[2] for r in self.steps), np.int64, nsteps)
-        steps = [r[3] for r in self.steps]
-        # End of each record's first step (a record may stand for several identical steps).
-        first_end = end - np.fromiter((0 if r[4] is None else int(r[4][1:].sum()) for r in self.steps),
-                                      np.int64, nsteps)
-        sizes = np.fromiter((len(st) for st in steps), np.int64, nsteps)
-        rows = np.concatenate([st.rows for st in steps]) if steps else np.empty(0, np.int64)
+        nsteps = len(self.log)
+        start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
+            np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
         rec = np.repeat(np.arange(nsteps), sizes)
-        emits = np.concatenate([st.emits for st in steps]) if steps else np.empty(0, bool)
-        tokens = np.concatenate([st.num_tokens for st in steps]).astype(np.int64) if steps else np.empty(0, np.int64)
+        rows, tokens, emits = self.columns.arrays()
+        tokens = tokens.astype(np.int64)
 
         # When each request first ran, and when it last appeared in a step.
         first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -165,11 +178,10 @@ class _Driver:
         later = ~first_of_row
         gaps = first_end[erec[later]] - end[np.concatenate([[0], erec[:-1]])[later]]
         emitting = np.bincount(rec[emits], minlength=nsteps)
-        multi = [i for i in np.flatnonzero(repeats > 1).tolist()]
-        values = [gaps] + [self.steps[i][4][1:] for i in multi]
-        counts = [np.ones(gaps.size, np.int64)] + [np.full(int(repeats[i]) - 1, emitting[i], np.int64)
-                                                   for i in multi]
-        itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts)
+        multi = np.flatnonzero(repeats > 1)
+        values = [gaps] + [durations[1:] for durations in self.runs]
+        counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
+        itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts).astype(np.int64)
         keep = itl_count > 0
         itl_ns, itl_count = itl_ns[keep], itl_count[keep]
 
@@ -204,8 +216,38 @@ class _Driver:
             step_start_ns=start, step_end_ns=end, step_repeats=repeats.astype(np.int32),
             step_seqs=sizes.astype(np.int32), step_tokens=tok.astype(np.int32),
             step_prefill_tokens=pre.astype(np.int32),
-            step_kv_blocks=np.fromiter((st.kv_blocks_used for st in steps), np.int32, nsteps),
-            step_waiting=np.fromiter((st.waiting for st in steps), np.int32, nsteps),
-            step_preempted=np.fromiter((st.preempted.shape[0] for st in steps), np.int32, nsteps),
+            step_kv_blocks=kv_blocks.astype(np.int32), step_waiting=waiting.astype(np.int32),
+            step_preempted=preempted.astype(np.int32),
             kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=self.seed,
             stats=stats)
+
+
+class _Columns:
+    """``rows``, ``num_tokens`` and ``emits`` of every event's step, concatenated a chunk
+    of events at a time while the arrays are fresh in memory: one concatenation of tens of
+    thousands of small arrays spread over the heap at the end is several times slower."""
+
+    CHUNK = 1024
+
+    def __init__(self):
+        self.pending: tuple[list, list, list] = ([], [], [])
+        self.chunks: tuple[list, list, list] = ([], [], [])
+
+    def add(self, step: Step) -> None:
+        rows, tokens, emits = self.pending
+        rows.append(step.rows)
+        tokens.append(step.num_tokens)
+        emits.append(step.emits)
+        if len(rows) == self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        for part, chunks in zip(self.pending, self.chunks):
+            if part:
+                chunks.append(np.concatenate(part))
+                part.clear()
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self._flush()
+        empty = (np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
+        return tuple(np.concatenate(chunks) if chunks else e for chunks, e in zip(self.chunks, empty))
