@@ -10,18 +10,28 @@ separate terms for the two ways the engine runs a step (:mod:`schedsim.llm.shape
 a padded shape: ``G = graph_batch(n)`` sequences, each gathering a key/value width of
 ``W = context_blocks(max(context) + 1, block_size) * block_size`` tokens::
 
-    T = g0 + g1 G + g2 G W
+    T = g0 + g1 G + g2[class of G] G W
+
+with one per-token rate per class of captured batch size (:data:`GRAPH_CLASSES`): each
+captured graph runs its own attention launch shape (split key/value segments at a
+batch of 4 or fewer, one CTA per row above), so the cost of a gathered token differs
+between them (measured on the H200: fitting one rate for all left 29% errors on
+8-sequence decodes over long contexts).
 
 *Eager* steps (any prefill, or more decodes than the largest graph) pad nothing but
 their decodes' gathered context to the longest one::
 
     T = e0 + e1 tokens + e2 n_prefill + e3 sum over prefill chunks of (q c + q (q + 1) / 2)
-           + e4 n_decode + e5 n_decode D,      D = ceil((max decode context + 1) / block_size) * block_size
+           + e4 sum over prefill chunks of c
+           + e5 n_decode + e6 n_decode D,      D = ceil((max decode context + 1) / block_size) * block_size
 
 ``q c + q (q + 1) / 2`` counts the query-key pairs of a causal chunk of ``q`` tokens over
 ``c`` cached ones, the note's ``q (c + q / 2)`` made exact in integers. ``n_prefill``
 is there because the engine runs attention once per prefill chunk (a fixed cost per
-chunk and layer, beside the per-token and per-pair terms). The nine coefficients
+chunk and layer, beside the per-token and per-pair terms), and the sum of prefill
+contexts because a chunk over cached tokens first reads (and repeats for grouped-query
+attention) its whole context, whatever the chunk's length: a 16-token chunk over 188k
+cached tokens takes 44 ms on the H200. The coefficients
 (:data:`FEATURES`, ms per unit) are fitted by non-negative least squares
 on relative error (each row weighted by 1 / its latency) to the profile's mean
 latencies. :func:`step_features` computes the features from a step's summary with
@@ -84,9 +94,13 @@ LATENCY = ("latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "latency_ms_p9
 COLUMNS = COMPOSITION + LATENCY + ("latency_ms_std", "n")
 """Required columns of a step profile CSV, in the order written."""
 
-FEATURES = ("graph_step", "graph_batch", "graph_kv_tokens",
+GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
+"""Captured batch sizes sharing one per-gathered-token rate (inclusive ranges of G)."""
+
+FEATURES = ("graph_step", "graph_batch",
+            *(f"graph_kv_tokens_g{lo}_{hi if hi < 1 << 30 else 'up'}" for lo, hi in GRAPH_CLASSES),
             "eager_step", "eager_tokens", "eager_prefill_seqs", "eager_prefill_attention",
-            "eager_decode_seqs", "eager_decode_kv_tokens")
+            "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens")
 """Names of the model's features, in :func:`step_features` order."""
 
 HELD_OUT_EVERY = 5
@@ -100,20 +114,22 @@ class ContextExtrapolationWarning(UserWarning):
 
 # ----------------------------------------------------------------------------- features
 
-def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention, decode_seqs,
-                  decode_width):
-    """The nine features (:data:`FEATURES`) of steps given their summary.
+def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention,
+                  prefill_context, decode_seqs, decode_width):
+    """The features (:data:`FEATURES`) of steps given their summary.
 
     Arguments are Python integers (one step) or int64 arrays (many); arithmetic only, so
     both give the same numbers. ``graph`` is 1 for a graph step, else 0; ``padded_batch``
     and ``graph_width`` are G and W of a graph step; ``tokens``, ``prefill_seqs``,
-    ``prefill_attention``, ``decode_seqs`` and ``decode_width`` (D) describe an eager
-    step (module docstring).
+    ``prefill_attention``, ``prefill_context``, ``decode_seqs`` and ``decode_width`` (D)
+    describe an eager step (module docstring).
     """
     eager = 1 - graph
-    return (graph, graph * padded_batch, graph * padded_batch * graph_width,
-            eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention, eager * decode_seqs,
-            eager * decode_seqs * decode_width)
+    gathered = graph * padded_batch * graph_width
+    return (graph, graph * padded_batch,
+            *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES),
+            eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
+            eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width)
 
 
 def _combine(coef, feats):
@@ -130,8 +146,9 @@ def _round_up(x, block_size):
 
 def _summary_of_lists(num_tokens: list, context: list) -> tuple:
     """(tokens, decodes, longest decode context + 1 or 0, longest prefill context + chunk,
-    prefill query-key pairs) of a step's rows, in Python ints (a short step)."""
-    tokens = nd = dmax = top = attention = 0
+    prefill query-key pairs, prefill contexts summed) of a step's rows, in Python ints (a
+    short step)."""
+    tokens = nd = dmax = top = attention = pctx = 0
     for q, c in zip(num_tokens, context):
         tokens += q
         if q == 1:
@@ -140,9 +157,10 @@ def _summary_of_lists(num_tokens: list, context: list) -> tuple:
                 dmax = c + 1
         else:
             attention += q * c + q * (q + 1) // 2
+            pctx += c
             if q + c > top:
                 top = q + c
-    return tokens, nd, dmax, top, attention
+    return tokens, nd, dmax, top, attention, pctx
 
 
 def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
@@ -150,14 +168,15 @@ def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
     decode = num_tokens == 1
     nd = int(np.count_nonzero(decode))
     dmax = int(context.max(where=decode, initial=-1)) + 1
-    top = attention = 0
+    top = attention = pctx = 0
     if nd < num_tokens.shape[0]:
         # Python ints over the (few) prefill chunks: exact, and cheaper than numpy on short lists.
         pre = np.flatnonzero(~decode)
         for q, c in zip(num_tokens[pre].tolist(), context[pre].tolist()):
             attention += q * c + q * (q + 1) // 2
+            pctx += c
             top = max(top, q + c)
-    return int(num_tokens.sum()), nd, dmax, top, attention
+    return int(num_tokens.sum()), nd, dmax, top, attention, pctx
 
 
 def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> tuple:
@@ -173,11 +192,11 @@ def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ..
     tokens = ps * pc + ds
     attention = ps * (pc * pctx + pc * (pc + 1) // 2)
     dwidth = np.where(ds > 0, _round_up(top, block_size), 0)
-    return graph, padded, width, tokens, ps, attention, ds, dwidth
+    return graph, padded, width, tokens, ps, attention, ps * pctx, ds, dwidth
 
 
 def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> np.ndarray:
-    """(rows, 9) float64 features of a step profile's rows."""
+    """(rows, features) float64 features of a step profile's rows."""
     n = len(columns[COMPOSITION[0]])
     feats = step_features(*profile_summaries(columns, block_size, graph_sizes))
     return np.column_stack([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f in feats])
@@ -440,15 +459,49 @@ class StepFit:
     """How rows were split."""
     features: tuple[str, ...] = FEATURES
     """Feature names."""
+    table_sha256: str = ""
+    """:func:`table_digest` of what was fitted: a sidecar fit with the same digest is this fit."""
 
     def to_dict(self) -> dict:
         """The sidecar's ``fit`` entry."""
-        return {"features": list(self.features),
+        return {"features": list(self.features), "table_sha256": self.table_sha256,
                 "coefficients_ms": {f: float(c) for f, c in zip(self.features, self.coefficients)},
                 "target": "latency_ms_mean", "method": "scipy.optimize.nnls on relative error (rows weighted 1/latency)",
                 "mape_pct": self.mape_pct, "max_abs_err_pct": self.max_abs_err_pct,
                 "train_mape_pct": self.train_mape_pct, "n_train": self.n_train, "n_heldout": self.n_heldout,
                 "split": self.split}
+
+
+def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> str:
+    """sha256 of everything a fit depends on: the table's columns, the padding settings and
+    the feature set. A sidecar fit recorded under the same digest need not be redone."""
+    import hashlib
+
+    h = hashlib.sha256(repr((FEATURES, SPLIT_RULE, int(block_size), tuple(graph_sizes))).encode())
+    for c in COLUMNS:
+        h.update(np.ascontiguousarray(columns[c], dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def stored_fit(profile: "StepProfile") -> StepFit | None:
+    """The sidecar's fit, if it was made from this very table with today's features
+    (it then equals what :func:`fit_step_profile` returns, and spares importing scipy)."""
+    rec = profile.meta.get("fit")
+    if not isinstance(rec, dict) or rec.get("features") != list(FEATURES):
+        return None
+    digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes)
+    coefs = rec.get("coefficients_ms")
+    if rec.get("table_sha256") != digest or not isinstance(coefs, dict):
+        return None
+    try:
+        coef = np.array([float(coefs[f]) for f in FEATURES])
+        return StepFit(coefficients=coef, mape_pct=float(rec["mape_pct"]),
+                       max_abs_err_pct=float(rec["max_abs_err_pct"]),
+                       train_mape_pct=float(rec["train_mape_pct"]), n_train=int(rec["n_train"]),
+                       n_heldout=int(rec["n_heldout"]), heldout=heldout_rows(len(profile)),
+                       table_sha256=digest)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def heldout_rows(n: int) -> np.ndarray:
@@ -495,7 +548,7 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     held_err = err[held]
     return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
                    train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
-                   heldout=held)
+                   heldout=held, table_sha256=table_digest(table.columns, bs, sizes))
 
 
 # ----------------------------------------------------------------------------- the model
@@ -539,13 +592,15 @@ class StepCostModel:
     @classmethod
     def from_profile(cls, profile: StepProfile, *, extrapolate_context: bool = True,
                      bytes_per_block: int | None = None, swap_gb_per_s: float | None = None) -> "StepCostModel":
-        """Fit ``profile`` (:func:`fit_step_profile`) and build the model.
+        """Fit ``profile`` (:func:`fit_step_profile`) and build the model; a sidecar fit of
+        the same table and features (:func:`stored_fit`) is taken as it is.
 
         ``extrapolate_context``: price contexts beyond the measured ones with the linear
         attention terms and warn once (True), or raise InputError (False).
         ``swap_gb_per_s``: None takes the sidecar's (needed only for swap preemption).
         """
-        return cls(profile, fit_step_profile(profile), extrapolate_context=extrapolate_context,
+        fit = stored_fit(profile) or fit_step_profile(profile)
+        return cls(profile, fit, extrapolate_context=extrapolate_context,
                    bytes_per_block=bytes_per_block, swap_gb_per_s=swap_gb_per_s)
 
     def __repr__(self) -> str:
@@ -558,9 +613,9 @@ class StepCostModel:
         if n == 0:
             raise ValueError("step_ns: a step needs at least one row")
         if n < SMALL:
-            tokens, nd, dmax, top, attention = _summary_of_lists(num_tokens.tolist(), context.tolist())
+            tokens, nd, dmax, top, attention, pctx = _summary_of_lists(num_tokens.tolist(), context.tolist())
         else:
-            tokens, nd, dmax, top, attention = _summary_of_arrays(num_tokens, context)
+            tokens, nd, dmax, top, attention, pctx = _summary_of_arrays(num_tokens, context)
         bs = self.block_size
         if nd == n:   # decode-only
             if dmax > self.max_context_measured:
@@ -571,7 +626,7 @@ class StepCostModel:
             top = max(top, dmax)
             if top > self.max_context_measured:
                 self._beyond(top)
-            s = (0, 0, 0, tokens, n - nd, attention, nd, dwidth)
+            s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
             x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
@@ -618,7 +673,7 @@ class StepCostModel:
             if len(self._decode_memo) >= 1 << 16:   # eager steps over ever longer contexts
                 self._decode_memo.clear()
             padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
-            s = (1, padded, width, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, n, width)
+            s = (1, padded, width, 0, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, 0, n, width)
             x = self._decode_memo[key] = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
         return x
 
