@@ -29,7 +29,7 @@ MODEL = "llama-1b"            # 32 KiB of KV per token
 MAX_MODEL_LEN = 8192          # a chatbot's context window; the trace's longest request is 14,089
 BLOCK = 16
 BUDGETS_GIB = (0.5, 1, 2, 4, 8, 16)
-RATE_SCALES = (4.0,)          # the trace at 4x its rate: ~22 req/s, enough to fill the memory
+RATE_SCALES = (1.0, 4.0)      # its own rate (5.5 req/s) and 4x (22 req/s, beyond what 1 GiB serves)
 POLICIES = {
     "continuous max": ("continuous", {"reservation": "max"}),
     "continuous pow2": ("continuous", {"reservation": "pow2"}),
@@ -98,24 +98,26 @@ def plot(table: pd.DataFrame) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for label, group in table.groupby("policy", sort=False):
-        g = group.sort_values("kv_gib")
-        axes[0].plot(g.kv_gib, g.mean_running, marker="o", label=label)
-        axes[1].plot(g.kv_gib, g.output_tokens_per_s, marker="o", label=label)
-        axes[2].plot(g.kv_gib, g.e2e_p99_ms / 1e3, marker="o", label=label)
-    axes[0].set(xscale="log", xlabel="KV cache (GiB)", ylabel="mean running requests",
-                title="Concurrency")
-    axes[1].set(xscale="log", xlabel="KV cache (GiB)", ylabel="output tokens/s", title="Throughput")
-    axes[2].set(xscale="log", yscale="log", xlabel="KV cache (GiB)", ylabel="E2E p99 (s)",
-                title="Tail latency")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(f"Azure conv trace x{table.rate_scale.iloc[0]:g}, {MODEL}, max_model_len {MAX_MODEL_LEN}, "
-                 "H200 step profile")
+    scales = sorted(table.rate_scale.unique())
+    fig, axes = plt.subplots(len(scales), 3, figsize=(15, 4.2 * len(scales)), squeeze=False)
+    for row, scale in zip(axes, scales):
+        for label, group in table[table.rate_scale == scale].groupby("policy", sort=False):
+            g = group.sort_values("kv_gib")
+            row[0].plot(g.kv_gib, g.mean_running, marker="o", label=label)
+            row[1].plot(g.kv_gib, g.output_tokens_per_s, marker="o", label=label)
+            row[2].plot(g.kv_gib, g.e2e_p99_ms / 1e3, marker="o", label=label)
+        row[0].set(xscale="log", yscale="log", xlabel="KV cache (GiB)", ylabel="mean running requests",
+                   title=f"Concurrency, trace x{scale:g}")
+        row[1].set(xscale="log", xlabel="KV cache (GiB)", ylabel="output tokens/s",
+                   title=f"Throughput, trace x{scale:g}")
+        row[2].set(xscale="log", yscale="log", xlabel="KV cache (GiB)", ylabel="E2E p99 (s)",
+                   title=f"Tail latency, trace x{scale:g}")
+        for ax in row:
+            ax.grid(alpha=0.3)
+        row[0].legend()
+    fig.suptitle(f"Azure LLM 2023 conversation trace, {MODEL}, max_model_len {MAX_MODEL_LEN}, H200 step profile")
     fig.tight_layout()
-    fig.savefig(HERE / "paged_vs_reserved.png", dpi=120)
+    fig.savefig(HERE / "paged_vs_reserved.png", dpi=110)
 
 
 if __name__ == "__main__":
