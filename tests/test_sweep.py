@@ -190,3 +190,19 @@ def test_plan_bad_input(tmp_path):
     assert_one_line_error(schedsim("plan", "--qps", "-3", "--slo-p99-ms", "5"), "--qps")
     assert_one_line_error(schedsim("plan", "--qps", "1e6", "--slo-p99-ms", "0.1", "--requests", "200",
                                    "--max-replicas", "2", "--naive-policy", ""), "--max-replicas")
+
+
+def test_llm_sweep_on_ttft_recommends_a_setting_that_meets_it(tmp_path):
+    """LLM policies sweep the same way, on their own metrics (here TTFT p99)."""
+    azure = ROOT / "docs" / "examples" / "azure_sample.csv"
+    out = tmp_path / "sweep"
+    proc = schedsim("sweep", azure, "--policy", "paged-kv", "--grid", "max_num_seqs=1,4,16",
+                    "--slo", "ttft_p99_ms<=200", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    best = json.loads((out / "best.json").read_text())["best"]
+    command = next(line for line in proc.stdout.splitlines() if line.startswith("reproduce: "))
+    alone = schedsim(*command.removeprefix("reproduce: schedsim ").split(), "--json")
+    assert alone.returncode == 0, alone.stderr
+    summary = json.loads(alone.stdout)
+    assert summary["ttft_p99_ms"] <= 200
+    assert summary["ttft_p99_ms"] == best["metrics"]["ttft_p99_ms"]
