@@ -107,7 +107,7 @@ def test_every_request_gets_its_tokens_and_they_are_the_dense_greedy_ones(model,
         assert extra["swapped_rows"], "the small KV budget must swap"
         assert extra["swaps"]["out_blocks"] == extra["swaps"]["in_blocks"] > 0
         rows.add(extra["swapped_rows"][0])
-    if case == "static":   # padding rows ran past their output: the driver padded into the null block
+    if case == "static":   # padding rows ran past their output (in blocks of their own where they fit)
         rows.add(int(np.argmin(req.output_tokens)))
     for r in sorted(rows):
         assert_greedy(model, req, tokens, r)
@@ -181,6 +181,101 @@ def test_an_engine_error_fails_the_steps_requests_and_the_run_goes_on(model):
     assert (result.status[result.status != FAILED] == COMPLETED).all()
     s = summarize_llm(result)
     assert s["failed"] == failed.size and s["completed"] == len(req) - failed.size
+
+
+class Spy:
+    """The engine, keeping every step's rows (tokens, context, block table)."""
+
+    def __init__(self, eng):
+        self.eng, self.steps = eng, []
+
+    def __getattr__(self, name):
+        return getattr(self.eng, name)
+
+    def execute(self, rows):
+        self.steps.append([(len(r.tokens), int(r.context), list(r.block_table)) for r in rows])
+        return self.eng.execute(rows)
+
+
+def test_static_padding_rows_decode_over_their_own_blocks_until_the_batch_ends(model):
+    # reservation max: every member reserves max_model_len tokens, so a padding row (a done
+    # member still computed) always has room for blocks of its own, as the simulator prices it.
+    req = burst(n=8, output=(2, 30))
+    policy = build_policy("llm-static", {"block_size": BS, "num_gpu_blocks": 60, "batch_size": 4,
+                                         "reservation": "max", "max_model_len": 120})
+    with PagedLLMEngine("llama-tiny", 60, BS, "cpu", torch.float32, model=model, max_context=256) as eng:
+        spy = Spy(eng)
+        result, extra = run_live_llm(req, policy, spy, engine_warmup=False, keep_tokens=True)
+    assert (result.status == COMPLETED).all() and extra["padding_null_writes"] == 0
+    limit = req.input_tokens + req.output_tokens
+    for step in spy.steps:
+        owner = {}
+        for i, (n, c, table) in enumerate(step):
+            used = table[:-(-(c + n) // BS)]
+            assert 0 not in used, "a row reads or writes the null block"
+            for b in used:
+                assert owner.setdefault(b, i) == i, "two rows of a step share a block"
+    # Rows decoding past their own tokens (padding) ran, with their contexts growing.
+    stepped = extra["tokens"]
+    padding = sum(int(stepped.length[r]) > int(limit[r]) for r in range(len(req)))
+    assert padding > 0
+    for r in range(len(req)):
+        assert_greedy(model, req, stepped, r)
+
+
+def test_static_padding_falls_back_to_the_null_block_when_the_pool_is_full(model):
+    # oracle reservations hold exactly prompt + output (8, 8, 8 and 13 blocks of 8 tokens):
+    # the three short members' padding finds no free block past their own.
+    req = llm_requests(np.zeros(4), np.full(4, 60), np.array([2, 2, 2, 40]))
+    policy = build_policy("llm-static", {"block_size": BS, "num_gpu_blocks": 38, "batch_size": 4,
+                                         "reservation": "oracle"})
+    with PagedLLMEngine("llama-tiny", 38, BS, "cpu", torch.float32, model=model, max_context=256) as eng:
+        result, extra = run_live_llm(req, policy, eng, engine_warmup=False, keep_tokens=True)
+    assert (result.status == COMPLETED).all() and extra["failed_steps"] == 0
+    assert extra["padding_null_writes"] > 0
+    assert_greedy(model, req, extra["tokens"], 3)
+
+
+def test_step_log_records_each_steps_composition(model):
+    from schedsim.llm.live import STEP_COLUMNS, composition
+
+    assert composition([5, 1, 1, 3], [0, 7, 20, 4]) == (4, 10, 2, 8, 5 * 0 + 15 + 3 * 4 + 6, 4, 2, 20)
+    assert composition([1], [3]) == (1, 1, 0, 0, 0, 0, 1, 3)
+    assert composition([4], [0])[-1] == -1
+    name, params = CASES["paged-recompute"]
+    req = burst()
+    result, extra = live(model, req, name, **params)
+    steps = extra["steps"]
+    assert set(STEP_COLUMNS) <= set(steps)
+    n = result.step_start_ns.size
+    np.testing.assert_array_equal(np.asarray(steps["n_rows"]), result.step_seqs)
+    np.testing.assert_array_equal(np.asarray(steps["tokens"]), result.step_tokens)
+    np.testing.assert_array_equal(np.asarray(steps["prefill_tokens"]), result.step_prefill_tokens)
+    dec = np.asarray(steps["decode_rows"])
+    np.testing.assert_array_equal(np.asarray(steps["prefill_rows"]) + dec, result.step_seqs)
+    assert ((np.asarray(steps["decode_max_context"]) >= 0) == (dec > 0)).all()
+    assert len(steps["prefill_attention"]) == n and (np.asarray(steps["prefill_attention"]) >= 0).all()
+
+
+def test_warm_up_runs_eager_shapes_and_leaves_every_block_but_the_null_one_alone(model):
+    from schedsim.llm.live import prefill_lengths, warm_up
+
+    assert prefill_lengths(100) == [100, 96, 81, 64, 48, 41, 32, 24, 21, 16, 9, 5, 2]
+    assert prefill_lengths(3) == [3, 2]
+    with PagedLLMEngine("llama-tiny", 40, BS, "cpu", torch.float32, model=model, max_context=256) as eng:
+        torch.manual_seed(0)
+        eng.kv.copy_(torch.randn_like(eng.kv))
+        before = eng.kv[:, :, 1:].clone()
+        spy = Spy(eng)
+        info = warm_up(spy, max_seqs=8, max_context=200, prefill_tokens=300)
+        assert torch.equal(eng.kv[:, :, 1:], before)
+    assert info["warmup_eager_steps"] == len(spy.steps) - 1 and info["warmup_eager_s"] > 0
+    sizes = sorted({sum(n for n, _, _ in step) for step in spy.steps})
+    assert sizes[-1] >= 300 and {16, 32, 64, 128, 256} <= set(sizes)
+    assert any(c > 0 and n > 1 for step in spy.steps for n, c, _ in step), "a chunk over cached context"
+    assert any(len({n > 1 for n, _, _ in step}) == 2 for step in spy.steps), "a mixed step"
+    assert all(n + c <= 200 for step in spy.steps for n, c, _ in step)
+    assert all(b == 0 for step in spy.steps for _, _, t in step for b in t)
 
 
 def test_block_size_mismatch_is_refused(model):

@@ -102,6 +102,58 @@ def write_live(cell, run_dir: Path, out_dir: Path, is_smoke: bool = False) -> di
     return summary
 
 
+STEP_COLUMNS = ("n_rows", "tokens", "prefill_rows", "prefill_attention", "prefill_context", "decode_rows",
+                "decode_max_context", "graph", "gpu_ms")
+
+
+def step_errors(steps_csv: Path, cost=None) -> dict:
+    """Per-step predicted vs measured GPU time of a live_steps.csv, graph and eager steps apart.
+
+    The step model's features (schedsim.llm.cost.step_features) are computed from each
+    logged step's composition sums with cost.py's formulas: a graph step runs at G =
+    graph_batch(n_rows) and W = context_blocks(decode_max_context + 1) blocks; an eager step
+    from tokens, prefill rows, prefill attention pairs, prefill context and decode rows with
+    D = round_up(decode_max_context + 1, block_size). Predicted ms = features . fitted
+    coefficients + the profile's step overhead. Returns {graph,eager}_{n,err_p50_pct,
+    err_p90_pct} of (predicted - measured) / measured; {} for a log without composition
+    columns (run1) and NaN where a kind has no step.
+    """
+    import csv
+
+    from schedsim.llm.cost import StepCostModel, load_step_profile, step_features
+    from schedsim.llm.shapes import context_blocks_array, graph_batch_array
+
+    with open(steps_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not set(STEP_COLUMNS) <= set(rows[0]):
+        return {}
+    rows = [r for r in rows if r.get("status", "ok") == "ok" and r["gpu_ms"] not in ("", "nan")]
+    cost = cost or StepCostModel.from_profile(load_step_profile(PROFILE))
+    col = {k: np.array([float(r[k]) if k == "gpu_ms" else int(r[k]) for r in rows] if k != "graph"
+                       else [r[k] == "True" for r in rows]) for k in STEP_COLUMNS}
+    if not rows:
+        return {}
+    bs = cost.block_size
+    graph = col["graph"].astype(np.int64)
+    sizes = cost.graph_sizes or (1,)
+    top = col["decode_max_context"] + 1
+    padded = np.where(graph == 1, graph_batch_array(col["n_rows"], sizes), 0)
+    width = np.where(graph == 1, context_blocks_array(np.maximum(top, 1), bs) * bs, 0)
+    dwidth = np.where(col["decode_rows"] > 0, -(-top // bs) * bs, 0)
+    feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
+                          col["prefill_context"], col["decode_rows"], dwidth)
+    pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
+    meas = col["gpu_ms"]
+    err = (pred - meas) / meas * 100.0
+    out = {}
+    for kind, mask in (("graph", graph == 1), ("eager", graph == 0)):
+        e = err[mask & np.isfinite(err) & (meas > 0)]
+        out[f"step_{kind}_n"] = int(e.size)
+        out[f"step_{kind}_err_p50_pct"] = float(np.median(e)) if e.size else math.nan
+        out[f"step_{kind}_err_p90_pct"] = float(np.percentile(e, 90)) if e.size else math.nan
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prepare", action="store_true", help="cut the cell traces into traces/*.npz")
@@ -144,6 +196,10 @@ def main(argv=None) -> int:
         lv = live.get("live", {})
         row["engine_gpu_ms_mean"] = lv.get("engine_gpu_ms", {}).get("mean")
         row["step_host_ms_mean"] = lv.get("step_host_ms", {}).get("mean")
+        steps = step_errors(args.run / "cells" / cell["name"] / "live_steps.csv")
+        for kind in ("graph", "eager"):
+            for k in ("n", "err_p50_pct", "err_p90_pct"):
+                row[f"step_{kind}_{k}"] = steps.get(f"step_{kind}_{k}", math.nan if k != "n" else 0)
         row["targets_met"] = report["targets_met"]
         rows.append(row)
     if not rows:
@@ -168,7 +224,22 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['cell']:<24}" + "".join(f"{_fmt(r, k):>18}" for k in TABLE))
     print(json.dumps(summary, indent=2))
+    print("\n| cell | " + " | ".join(TABLE) + " | step err graph p50 / p90 | step err eager p50 / p90 |")
+    print("| --- |" + " --- |" * (len(TABLE) + 2))
+    for r in rows:
+        cells = [f"{_num(r[f'{k}_pred'])} / {_num(r[f'{k}_meas'])} ({_pct(r[f'{k}_err_pct'])})" for k in TABLE]
+        cells += [f"{_pct(r[f'step_{kind}_err_p50_pct'])} / {_pct(r[f'step_{kind}_err_p90_pct'])} "
+                  f"(n={r[f'step_{kind}_n']})" if r[f"step_{kind}_n"] else "-" for kind in ("graph", "eager")]
+        print(f"| {r['cell']} | " + " | ".join(cells) + " |")
     return 0
+
+
+def _num(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
+
+
+def _pct(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:+.0f}%"
 
 
 def _fmt(r, k) -> str:

@@ -11,10 +11,12 @@ shared by all cells.
 Per cell (cells.py) it writes OUT/cells/NAME/: result.npz + result.json (the LLMResult;
 analyze.py writes requests.csv and steps.csv from it), summary.json, live.json (engine
 timings, lateness, failures) and live_steps.csv. Cells already finished (a summary.json) are
-skipped, so a rerun into the same OUT resumes; --budget-s stops starting cells in time.
+skipped, so a rerun into the same OUT resumes; --budget-s stops starting cells in time;
+--cells NAME,NAME runs a subset; --tar PATH ends by packing OUT into one .tar.gz (the device
+tool brings back only shallow folders).
 
     export PYTHONPATH=. PYTHONUNBUFFERED=1
-    python3 experiments/fidelity-llm/run_h200.py --out "$OUT/fidelity-llm"
+    python3 experiments/fidelity-llm/run_h200.py --out /tmp/fl/fidelity-llm --tar "$OUT/fl.tgz"
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -33,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import HERE, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.llm.live import engine_context, run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
+from schedsim.llm.live import (engine_context, run_live_llm, warm_up, warmup_prefill_tokens,  # noqa: E402
+                               write_live_steps_csv)
 from schedsim.llm.metrics import summarize_llm  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
 from schedsim.policy import Requests  # noqa: E402
@@ -42,9 +46,10 @@ from schedsim.policy import Requests  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")) / "fidelity-llm")
-    ap.add_argument("--cells", default="", help="comma-separated substrings: only matching cells")
+    ap.add_argument("--cells", default="", help="comma-separated cell names (or substrings of names): only those")
     ap.add_argument("--budget-s", type=float, default=500.0, help="start no cell after this much wall time")
     ap.add_argument("--drain-s", type=float, default=60.0, help="time limit past a cell's last arrival")
+    ap.add_argument("--tar", type=Path, default=None, help="at the end, pack OUT into this .tar.gz")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: llama-tiny, fp32, 60 blocks, 12 requests per cell")
     args = ap.parse_args(argv)
@@ -60,7 +65,7 @@ def main(argv=None) -> int:
     print(f"command: {' '.join(sys.argv)}", flush=True)
     gpu_before = gpu_state() if not args.smoke else None
     cells_mod = load_cells()
-    cells = [c for c in cells_mod.CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
+    cells = select(cells_mod.CELLS, args.cells)
     model, device, dtype = ("llama-tiny", "cpu", torch.float32) if args.smoke else ("llama-1b", "cuda", torch.bfloat16)
     if args.smoke:
         torch.set_num_threads(1)
@@ -73,12 +78,15 @@ def main(argv=None) -> int:
         runs.append((cell, trace, Requests.from_trace(trace), build_policy(cells_mod.policy_name(cell), params)))
     blocks = max(p.budget.num_blocks for *_, p in runs)
     longest = max(engine_context(r, p) for _, _, r, p in runs) - 1
+    prefill = max(warmup_prefill_tokens(r, p) for _, _, r, p in runs)
     with PagedLLMEngine(model, blocks, 16, device, dtype, cuda_graphs=True, seed=0,
                         max_context=longest + 1) as engine:
         setup = warm_up(engine, max_seqs=max(p.max_num_seqs for *_, p in runs), max_context=longest + 1,
-                        prefill_tokens=8192)
-        print(f"engine: {blocks} blocks, max context {longest + 1}; warm-up {setup['engine_warmup_s']:.1f} s, "
-              f"{setup['warmup_decode_shapes']} decode shapes, {len(engine.graph_shapes)} graphs "
+                        prefill_tokens=prefill)
+        setup["prefill_tokens"] = prefill
+        print(f"engine: {blocks} blocks, max context {longest + 1}; warm-up {setup['engine_warmup_s']:.1f} s "
+              f"(eager {setup['warmup_eager_s']:.1f} s, {setup['warmup_eager_steps']} steps up to {prefill} "
+              f"tokens), {setup['warmup_decode_shapes']} decode shapes, {len(engine.graph_shapes)} graphs "
               f"[{time.perf_counter() - t_start:.0f} s]", flush=True)
         done, skipped = [], []
         for cell, trace, requests, policy in runs:
@@ -97,7 +105,7 @@ def main(argv=None) -> int:
             write_live_steps_csv(cell_dir / "live_steps.csv", extra["steps"])
             timing = {k: v for k, v in extra.items() if k not in ("steps", "tokens")}
             (cell_dir / "live.json").write_text(json.dumps(json_safe(
-                timing | {"cell": cell, "wall_s": wall, "engine": engine.describe(), "smoke": args.smoke,
+                timing | {"cell": cell, "wall_s": wall, "warmup": setup, "engine": engine.describe(), "smoke": args.smoke,
                           "gpu": torch.cuda.get_device_name() if device == "cuda" else None}), indent=2, default=str))
             s = summarize_llm(result)
             s["partial"] = bool(extra["partial"])
@@ -117,7 +125,30 @@ def main(argv=None) -> int:
         "setup": setup, "engine_warnings": warnings, "smoke": args.smoke,
         "machine": machine_metadata(gpu_before) if not args.smoke else None}), indent=2, default=str))
     print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
+    if args.tar is not None:
+        args.tar.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.tar.with_name(args.tar.name + ".part")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        tmp.replace(args.tar)
+        print(f"packed {out} into {args.tar} ({args.tar.stat().st_size / 1e6:.1f} MB)", flush=True)
     return 0
+
+
+def select(cells: list, spec: str) -> list:
+    """The cells ``spec`` names (comma-separated): a name picks its cell, another word every
+    cell whose name contains it; all cells when empty. SystemExit on a word matching none."""
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    if not words:
+        return list(cells)
+    names = {c["name"] for c in cells}
+    picked = set()
+    for w in words:
+        hit = {w} if w in names else {n for n in names if w in n}
+        if not hit:
+            raise SystemExit(f"--cells: {w!r} names no cell; cells: {', '.join(c['name'] for c in cells)}")
+        picked |= hit
+    return [c for c in cells if c["name"] in picked]
 
 
 if __name__ == "__main__":

@@ -25,8 +25,12 @@ What the engine is given per row (:class:`~schedsim.engines.llm_engine.EngineRow
   reserving policy (``continuous``, LLM ``static``) holds no block tables: the driver keeps
   a :class:`~policies.kv_cache.KVCacheManager` of its own, as large as the policy's KV
   budget, allocates a request's blocks as its tokens are computed and frees them once it
-  is done and out of the step; a static batch's padding rows (done members still computed)
-  write past their tokens into the null block, so padding takes no memory.
+  is done and out of the step. A static batch's padding rows (done members still computed,
+  as FasterTransformer computes them) are decodes over their real context, as the simulator
+  prices them: the driver allocates the slots they write like any decode's and keeps their
+  blocks until the batch ends; only when the pool has no block left (a reservation smaller
+  than the batch's longest request) does a padding row write past its blocks into the null
+  block (``extra["padding_null_writes"]`` counts those row-steps).
 
 The result is the simulator's :class:`~schedsim.llm.results.LLMResult` (every step
 recorded with ``repeats=1``), so :mod:`schedsim.llm.metrics` and :mod:`schedsim.llm.report`
@@ -55,9 +59,17 @@ from schedsim.llm.step import Step
 from schedsim.policy import NEVER, Requests
 from schedsim.results import COMPLETED, FAILED, QUEUED, REJECT_STATUS, RUNNING, PolicyError
 
-STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "seqs", "tokens", "prefill_tokens", "graph",
+STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
+                "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "graph",
                 "schedule_us", "swap_ms", "engine_ms", "gpu_ms", "host_ms", "status", "error")
 """Columns of the live step table (DIR/live_steps.csv); times in s from the trace start.
+
+The step's composition, over the rows the engine ran (what the step cost model of
+:mod:`schedsim.llm.cost` prices): ``n_rows``, ``tokens``; prefill rows (more than one
+token, ``q`` tokens over ``c`` cached): ``prefill_rows``, ``prefill_tokens`` (sum of q),
+``prefill_attention`` (sum of ``q * c + q * (q + 1) // 2``), ``prefill_context`` (sum of
+c); decodes: ``decode_rows`` and ``decode_max_context`` (their longest c, -1 if none);
+``graph``: the engine replayed a CUDA graph.
 
 ``schedule_us``: from the step's start (before ``schedule``) to the engine call (forming
 the step, block tables, swaps); ``engine_ms``: the engine call, wall; ``gpu_ms``: its CUDA
@@ -122,6 +134,27 @@ class PromptTokens:
         return self.buf[r][:self.length[r]].copy() if self.buf[r] is not None else np.empty(0, np.int64)
 
 
+def composition(ntok: list, ctx: list, live: list | None = None) -> tuple:
+    """(n_rows, tokens, prefill_rows, prefill_tokens, prefill_attention, prefill_context,
+    decode_rows, decode_max_context) of a step's rows ``live`` (all when None); see
+    :data:`STEP_COLUMNS`."""
+    idx = range(len(ntok)) if live is None else live
+    tokens = pre_rows = pre_tokens = attention = pre_ctx = dec = 0
+    dmax = -1
+    for i in idx:
+        q, c = int(ntok[i]), int(ctx[i])
+        tokens += q
+        if q > 1:
+            pre_rows += 1
+            pre_tokens += q
+            attention += q * c + q * (q + 1) // 2
+            pre_ctx += c
+        else:
+            dec += 1
+            dmax = max(dmax, c)
+    return len(idx), tokens, pre_rows, pre_tokens, attention, pre_ctx, dec, dmax
+
+
 def _stats(x) -> dict:
     x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
@@ -161,21 +194,122 @@ def engine_context(requests: Requests, policy) -> int:
     return int(prompt[ok].max() + output[ok].max() + 1)
 
 
-def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int) -> dict:
+def prefill_lengths(top: int) -> list[int]:
+    """Chunk lengths the eager warm-up runs, longest first: a few short ones (2, 5, 9), then
+    for every power of two p from 16 up to ``top``: p, p + p/4 + 1 (odd) and p + p/2, and
+    ``top`` itself; all within 2..top."""
+    top = int(top)
+    out = {2, 5, 9, top}
+    p = 16
+    while p <= top:
+        out.update((p, p + p // 4 + 1, p + p // 2))
+        p *= 2
+    return sorted((n for n in out if 2 <= n <= top), reverse=True)
+
+
+def _spread(top: int, first: int) -> list[int]:
+    """first, 2 first, 4 first ... up to ``top`` (and ``top``); [] when top < 1."""
+    out, v = [], max(int(first), 1)
+    while v < top:
+        out.append(v)
+        v *= 2
+    return out + [int(top)] if top >= 1 else []
+
+
+def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
+               budget_s: float = 30.0) -> dict:
+    """Run eager steps over a spread of shapes, so the replay does not pay first-call costs.
+
+    On a fresh engine the first eager step of a shape pays for kernel loading and
+    selection and for the allocator's growth (on the H200 a 389-token prefill took 66 ms
+    the first time, 8 ms later). For every chunk length of :func:`prefill_lengths` up to
+    ``prefill_tokens`` (longest first, so the allocator grows once; lengths beyond
+    ``max_context`` are split over several rows, as several prompts in one step), it runs: the chunk
+    alone over no cached context; the chunk over a cached context (a spread of lengths up to
+    ``max_context``, cycled); and a mixed step, the chunk (over no context or a cached one,
+    in turn) with some decodes (1, 2, 4 ... ``max_seqs``, cycled) over a spread of contexts.
+    Decode-only steps that run eagerly (more rows than the largest captured graph, or no
+    graphs) get a few shapes too. Every row reads and writes only the null block, so no
+    request's KV changes. Stops starting steps after ``budget_s``.
+    """
+    from schedsim.engines.llm_engine import NULL_BLOCK, EngineRow
+
+    t = time.perf_counter()
+    bs, cap = engine.block_size, min(int(max_context), engine.max_context)
+    top = max(2, int(prefill_tokens))
+    lengths = prefill_lengths(top) if cap >= 2 else []
+    contexts = _spread(cap - 2, bs)
+    seqs = _spread(max(int(max_seqs), 1), 1)
+    pool = max(engine.num_blocks, 1)
+
+    def row(n, c):
+        return EngineRow(np.ones(n, np.int64), c, [NULL_BLOCK] * -(-(c + n) // bs))
+
+    def chunk(n, c):
+        # Tokens beyond one row's reach (max_context) go to more rows (several prompts in a step).
+        if c + n <= cap:
+            return [row(n, c)]
+        k = -(-n // cap)
+        return [row(m, 0) for m in [n // k + (j < n % k) for j in range(k)] if m >= 2]
+
+    def decodes(d, i):
+        # Decode contexts cycle over the spread, kept to d rows x width <= the pool's blocks
+        # (the gather a real step of d decodes could reach).
+        c = contexts[(i * 3) % len(contexts)] if contexts else 0
+        c = max(0, min(c, cap - 1, (pool // d) * bs - 1))
+        return [row(1, c)] * d
+
+    steps, timed_out = 0, False
+    for i, n in enumerate(lengths):
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        c = min(contexts[i % len(contexts)], cap - n) if contexts else 0
+        batch = [chunk(n, 0)]
+        if c > 0:
+            batch.append([row(n, c)])
+        d = seqs[i % len(seqs)]
+        q = n - d if n - d >= 2 else n
+        pc = c if i % 2 and c > 0 and c + q <= cap else 0
+        batch.append(chunk(q, pc) + decodes(d, i))
+        for rows in batch:
+            engine.execute(rows)
+            steps += 1
+    graphs = getattr(engine, "cuda_graphs", False)
+    largest = engine.graph_batch_sizes[-1] if graphs else 0
+    eager_decode = [d for d in seqs if d > largest]
+    for i, d in enumerate(eager_decode[::-1][:4]):
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        engine.execute(decodes(d, i))
+        steps += 1
+    return {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": steps,
+            "warmup_prefill_lengths": len(lengths), "warmup_eager_cut": timed_out}
+
+
+def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int, eager: bool = True) -> dict:
     """Run (and capture) the shapes the run will use before the clock starts.
 
-    One eager prefill of ``prefill_tokens`` tokens, then, on CUDA with graphs, one decode
+    With ``eager``, :func:`warm_eager` (eager prefill and mixed steps over a spread of
+    shapes, up to ``prefill_tokens`` per chunk, ``max_context`` and ``max_seqs``); without,
+    one eager prefill of ``prefill_tokens`` tokens. Then, on CUDA with graphs, one decode
     step at every captured batch size up to ``max_seqs`` and every graph width up to
     ``max_context`` tokens whose batch x width fits the pool's blocks, largest first (the
     graphs' shared memory pool grows once). Rows read and write only the null block.
+    Returns wall times (``engine_warmup_s`` in all, ``warmup_eager_s``) and shape counts.
     """
     from schedsim.engines.llm_engine import NULL_BLOCK, EngineRow
     from schedsim.llm.shapes import context_blocks, graph_batch
 
     t = time.perf_counter()
     bs = engine.block_size
-    n = max(1, min(int(prefill_tokens), engine.max_context))
-    engine.execute([EngineRow(np.ones(n, np.int64), 0, [NULL_BLOCK] * -(-n // bs))])
+    if eager:
+        info = warm_eager(engine, max_seqs=max_seqs, max_context=max_context, prefill_tokens=prefill_tokens)
+    else:
+        n = max(1, min(int(prefill_tokens), engine.max_context))
+        engine.execute([EngineRow(np.ones(n, np.int64), 0, [NULL_BLOCK] * -(-n // bs))])
+        info = {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": 1}
     engine.execute([EngineRow([1], 0, [NULL_BLOCK])])
     shapes = 0
     if getattr(engine, "cuda_graphs", False):
@@ -195,7 +329,26 @@ def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int) -> 
                     continue
                 engine.execute([EngineRow([1], ctx, [NULL_BLOCK] * w)] * b)
                 shapes += 1
-    return {"engine_warmup_s": time.perf_counter() - t, "warmup_decode_shapes": shapes}
+    return {"engine_warmup_s": time.perf_counter() - t, "warmup_decode_shapes": shapes} | info
+
+
+def warmup_prefill_tokens(requests: Requests, policy) -> int:
+    """The most prefill tokens one step of ``policy`` can hold on ``requests``: its
+    ``max_num_batched_tokens`` when it has one, else (a policy that prefills whole prompts,
+    several in a step) the longest prompt it accepts, or the sum of its ``max_num_seqs``
+    longest up to 16,384 tokens if more."""
+    cap = getattr(policy, "max_num_batched_tokens", None)
+    if not len(requests):
+        return int(cap or 2)
+    prompt = requests.input_tokens.astype(np.int64)
+    limit = getattr(getattr(policy, "budget", None), "max_model_len", None)
+    ok = prompt + requests.output_tokens.astype(np.int64) <= limit if limit else np.ones(prompt.shape, bool)
+    if cap:
+        return int(cap)
+    if not ok.any():
+        return 2
+    top = np.sort(prompt[ok])[::-1][:max(int(getattr(policy, "max_num_seqs", 1)), 1)]
+    return int(max(top[0], min(int(top.sum()), 16384)))
 
 
 class _Driver:
@@ -231,6 +384,7 @@ class _Driver:
         self.last_table: dict[int, list[int]] = {}
         self.handles: dict = {}               # row -> SwapHandle while swapped out
         self.done_holding: set[int] = set()   # own blocks: done requests still holding blocks
+        self.padding_null_writes = 0          # padding rows' writes that fell into the null block
         self.swaps = {"out_blocks": 0, "in_blocks": 0, "out_ms": 0.0, "in_ms": 0.0, "requests_swapped": 0}
         self.swapped_rows: set[int] = set()
 
@@ -343,9 +497,8 @@ class _Driver:
                 self.emitted[r] += 1
                 if self.emitted[r] >= self.output[r] and not self.paged:
                     self.done_holding.add(r)
-        prefill = sum(n for n in ntok if n > 1)
         self.records.append((start, end, step))
-        self.timing.append([len(self.timing), start, issue, end, len(rows), sum(ntok), prefill, graph,
+        self.timing.append([len(self.timing), start, issue, end, *composition(ntok, ctx, live), graph,
                             (issue - start) / 1e3, swap_ms, (t_engine - issue) / 1e6, gpu_ms,
                             (end - start) / 1e6 - (gpu_ms if math.isfinite(gpu_ms) else 0.0),
                             "failed" if error else "ok", error])
@@ -365,16 +518,33 @@ class _Driver:
             for r in [r for r in self.done_holding if r not in present]:
                 kv.free(r)
                 self.done_holding.discard(r)
-        tables = []
+        bs = kv.block_size
+        padding = []
         for r, n, c in zip(rows, ntok, ctx):
             need = c + n
             real = min(need, self.limit[r])   # a static batch's padding rows compute past their output
             if kv.allocate(r, real) is None:
                 raise RuntimeError(f"row {r}: the driver's KV pool ({kv.usable_blocks} blocks) has no room "
                                    f"for {real} tokens: the policy's reservations exceed its budget")
+            if need > real:
+                padding.append((r, need))
+        if padding:
+            # Padding rows decode over their real context in blocks of their own, from the blocks
+            # the step's members will not need for their real tokens (padding never starves them).
+            spare = kv.num_free_blocks - sum(max(0, -(-self.limit[r] // bs) - len(kv.blocks_of(r))) for r in rows)
+            for r, need in padding:
+                take = min(-(-need // bs) - len(kv.blocks_of(r)), spare)
+                if take > 0:
+                    kv.allocate(r, min(need, (len(kv.blocks_of(r)) + take) * bs))
+                    spare -= take
+        tables = []
+        for r, n, c in zip(rows, ntok, ctx):
             t = kv.blocks_of(r)
-            short = -(-need // kv.block_size) - len(t)
-            tables.append(t + [0] * short if short > 0 else t)
+            short = -(-(c + n) // bs) - len(t)
+            if short > 0:
+                self.padding_null_writes += 1 if c // bs >= len(t) else 0
+                t = t + [0] * short
+            tables.append(t)
         return tables
 
     def _swap(self, step: Step) -> float:
@@ -515,12 +685,11 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
     n = len(requests)
     policy.reset(requests)
     check_engine_for(policy, engine)
-    setup = {"engine_warmup_s": 0.0, "warmup_decode_shapes": 0}
+    setup = {"engine_warmup_s": 0.0, "warmup_decode_shapes": 0, "warmup_eager_s": 0.0, "warmup_eager_steps": 0}
     if engine_warmup:
         setup = warm_up(engine, max_seqs=int(getattr(policy, "max_num_seqs", 256)),
                         max_context=min(engine_context(requests, policy), engine.max_context),
-                        prefill_tokens=int(getattr(policy, "max_num_batched_tokens",
-                                                   int(requests.input_tokens.max()) if n else 1)))
+                        prefill_tokens=warmup_prefill_tokens(requests, policy))
         policy.reset(requests)   # fresh state after the warm-up's wall time
     driver = _Driver(requests, policy, engine, seed=seed, spin_ns=int(spin_us * 1000), clock=clock)
     gc_was = gc.isenabled()
@@ -584,6 +753,7 @@ def _extra(driver: _Driver, warmup_s: float) -> dict:
         "graph_steps": int(np.asarray(steps["graph"], bool)[counted].sum()) if driver.timing else 0,
         "swaps": dict(driver.swaps),
         "swapped_rows": sorted(driver.swapped_rows)[:1000],
+        "padding_null_writes": driver.padding_null_writes,
         "failed_steps": len(driver.failures), "failures": driver.failures[:100],
         "engine_warnings": list(getattr(driver.engine, "warnings", []))[:20],
         "steps": steps,

@@ -190,7 +190,8 @@ def execute_live_llm(spec: LiveLLMSpec):
         summary["partial_reason"] = extra["partial_reason"]
     timing = {k: v for k, v in extra.items() if k not in ("steps", "tokens")}
     summary["live"] = {k: timing[k] for k in ("engine_gpu_ms", "engine_ms", "step_host_ms", "schedule_us",
-                                              "delivery_delay_us", "swaps", "failed_steps", "engine_warmup_s")}
+                                              "delivery_delay_us", "swaps", "failed_steps", "engine_warmup_s",
+                                              "warmup_eager_s", "padding_null_writes")}
     written = []
     path = out / "live_steps.csv"
     write_live_steps_csv(path, extra["steps"])
