@@ -120,6 +120,8 @@ class KVCacheManager:
         self._head = 0
         self._stale: dict[int, int] = {}
         self._nstale = 0
+        # Ref counts are kept only with prefix caching: without it no block is shared, a
+        # held block's count is 1, and a run skips two list stores per block (_refs).
         self._ref = [0] * self.num_blocks
         self._nshared = 0   # blocks held by more than one request (prefix hits)
         self._key: list[Hashable | None] = [None] * self.num_blocks   # block -> its cache key
@@ -246,10 +248,11 @@ class KVCacheManager:
             taken = self._take_past_stale(n)
         else:
             self._head = head + n
-        ref = self._ref
-        for b in taken:
-            ref[b] = 1
-        if self.enable_prefix_caching:   # a popped cached block is evicted
+        if self.enable_prefix_caching:
+            ref = self._ref
+            for b in taken:
+                ref[b] = 1
+        if self._cache:   # a popped cached block is evicted (none is while nothing is cached)
             bkey, cache, dups = self._key, self._cache, self._dups
             for b in taken:
                 k = bkey[b]
@@ -395,8 +398,9 @@ class KVCacheManager:
     def _release(self, blocks: list[int]) -> None:
         ref = self._ref
         if not self._nshared:   # no block is shared: all go back, tail first
-            for b in blocks:
-                ref[b] = 0
+            if self.enable_prefix_caching:
+                for b in blocks:
+                    ref[b] = 0
             self._queue += reversed(blocks)
             return
         append = self._queue.append
@@ -460,7 +464,17 @@ class KVCacheManager:
         return out
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return self._refs()[block]
+
+    def _refs(self) -> list[int]:
+        """Every block's ref count; counted from the block tables without prefix caching."""
+        if self.enable_prefix_caching:
+            return self._ref
+        ref = [0] * self.num_blocks
+        for blocks in self._req.values():
+            for b in blocks:
+                ref[b] = 1
+        return ref
 
     def cached_key(self, block: int) -> Hashable | None:
         return self._key[block]
@@ -468,7 +482,7 @@ class KVCacheManager:
     def state(self) -> tuple:
         """A hashable snapshot of the whole state (tests: determinism, failure side effects)."""
         return (
-            tuple(self.free_block_ids()), tuple(self._ref), tuple(self._key),
+            tuple(self.free_block_ids()), tuple(self._refs()), tuple(self._key),
             tuple(self._cache.items()), tuple((k, tuple(v)) for k, v in self._dups.items()),
             tuple((r, tuple(b)) for r, b in self._req.items()), tuple(self._ncached.items()),
             tuple(self._swapped.items()), self._free_swap, self.hit_tokens, self.queried_tokens,
@@ -486,7 +500,8 @@ class KVCacheManager:
         need(self._nstale == sum(self._stale.values()) and all(v > 0 for v in self._stale.values()),
              "stale free-queue entries miscounted")
         free = set(free)
-        need(0 not in free and self._ref[0] == 0 and self._key[0] is None,
+        refs = self._refs()
+        need(0 not in free and refs[0] == 0 and self._key[0] is None,
              "null block 0 is free, held or cached")
         holders = [0] * n
         for req, blocks in self._req.items():
@@ -501,7 +516,7 @@ class KVCacheManager:
                     need(self._key[b] is not None, f"request {req!r} block {i} ({b}) counted cached, has no key")
         need(self._ncached.keys() == self._req.keys(), "cached-count table out of step with requests")
         for b in range(1, n):
-            need(self._ref[b] == holders[b], f"block {b}: ref {self._ref[b]} != holders {holders[b]}")
+            need(refs[b] == holders[b], f"block {b}: ref {refs[b]} != holders {holders[b]}")
             need((b in free) == (holders[b] == 0), f"block {b}: free={b in free}, holders={holders[b]}")
         need(self._nshared == sum(1 for h in holders if h > 1), "shared-block count is off")
         need(len(free) + self.num_used_blocks == self.usable_blocks

@@ -64,9 +64,12 @@ class BlockKeys:
     it can only be found again by that request, after a preemption. A key is the pair
     (id or ``-1 - row``, index) packed into one int (``id * KEY_SPAN + index``): equal
     exactly when the pairs are, and cheaper to hash for the millions of blocks cached.
+
+    ``shared``: how many leading blocks have hash-id keys (0 without hash ids); every
+    later block's key is the request's own.
     """
 
-    __slots__ = ("row", "prompt", "ids", "per_id", "block_size")
+    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared")
 
     def __init__(self, requests: Requests, row: int, block_size: int):
         self.row, self.block_size = row, block_size
@@ -77,6 +80,8 @@ class BlockKeys:
         else:
             self.ids = []
         self.per_id = int(requests.hash_block_tokens)
+        # Block j has a hash-id key when (j + 1) * block_size <= min(prompt, ids * per_id).
+        self.shared = min(self.prompt, len(self.ids) * self.per_id) // block_size
 
     def __getitem__(self, j):
         if isinstance(j, slice):   # a list of keys: what the block manager reads

@@ -34,12 +34,12 @@ import csv
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from schedsim.errors import InputError, where
 from schedsim.files import replaced_atomically
@@ -140,6 +140,8 @@ def _numpy(col) -> np.ndarray:
     (about 0.35 s) on first use. Nulls only appear in traces that then fail validation.
     """
     if col.null_count:
+        import pyarrow.compute as pc  # here: its import costs ~40 ms that most loads skip
+
         return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
@@ -316,6 +318,8 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
 
 def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, np.ndarray]:
     """Space-separated integers per row into CSR (offsets, ids); blank means none."""
+    import pyarrow.compute as pc
+
     lists = pc.utf8_split_whitespace(pc.utf8_trim_whitespace(strings))
     flat, rows = pc.list_flatten(lists), pc.list_parent_indices(lists)
     # A blank field splits into one empty token: drop those. Computed without Python
@@ -335,6 +339,7 @@ def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, n
 
 
 def _load_parquet(p: Path, name: str) -> Trace:
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
@@ -383,6 +388,8 @@ def _load_parquet(p: Path, name: str) -> Trace:
 
 
 def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow.compute as pc
+
     # Lengths counted from parent indices (a null list has none, as list_flatten agrees):
     # fill_null(list_value_length, 0) would convert the Python 0 and import pandas, see _numpy.
     lengths = np.bincount(_numpy(pc.list_parent_indices(col)), minlength=len(col))
@@ -396,8 +403,6 @@ def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
 
 def _load_azure(p: Path, name: str) -> Trace:
     """Azure LLM inference trace 2023: ``TIMESTAMP,ContextTokens,GeneratedTokens``."""
-    import pandas as pd  # for the timestamp parsing; schedsim's own formats never need it
-
     locate = _CsvLocator(p, name)
     tokens = AZURE_HEADER[1:]
     try:
@@ -406,10 +411,14 @@ def _load_azure(p: Path, name: str) -> Trace:
     except (pa.ArrowException, ValueError, UnicodeDecodeError) as e:
         cols = _csv_diagnose(p, name, AZURE_HEADER, tokens, e)
         table = _read_csv(p, {"TIMESTAMP": pa.string()}, raw=True)
-    stamps = pd.Series(table.column("TIMESTAMP").to_numpy(zero_copy_only=False), dtype=object).fillna("")
+    stamps = table.column("TIMESTAMP").to_pylist()
     if len(stamps) == 0:
         raise InputError(f"{name}: no requests (the file has only a header line)")
-    ns = _azure_ns(stamps, locate)
+    ns = _azure_ns_plain(stamps)
+    if ns is None:
+        import pandas as pd  # only for stamps off the plain form: `schedsim run` must not pay for pandas
+
+        ns = _azure_ns(pd.Series(stamps, dtype=object).fillna(""), locate)
     order = None
     if np.any(ns[1:] < ns[:-1]):
         order = np.argsort(ns, kind="stable")
@@ -422,12 +431,33 @@ def _load_azure(p: Path, name: str) -> Trace:
     inp, out = checked.input_tokens, checked.output_tokens
     rid = np.arange(len(ns), dtype=np.int64)
     meta = {"format": "azure-llm-2023", "columns": ["arrival_s", "seq_len", "input_tokens", "output_tokens"],
-            "start": str(stamps.iloc[int(np.argmin(ns))]).strip()}
+            "start": str(stamps[int(np.argmin(ns))] or "").strip()}
     if order is not None:
         arrival, inp, out, rid = arrival[order], inp[order], out[order], rid[order]
         meta["sorted"] = "rows were not in time order; sorted stably by TIMESTAMP (request_id keeps the file row)"
     return Trace.from_arrivals(arrival, input_tokens=inp, output_tokens=out, seq_len=inp,
                                request_id=rid, source=name, meta=meta)
+
+
+_AZURE_PLAIN = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?", re.ASCII)
+
+
+def _azure_ns_plain(stamps: list) -> np.ndarray | None:
+    """:func:`_azure_ns` without pandas (its import and exit cost ~0.35 s of a ``schedsim
+    run``), for the form every Azure trace has: exactly ``YYYY-mm-dd HH:MM:SS[.f{1,9}]``,
+    in the years pandas' nanoseconds cover. ``None`` for anything else (spaces, nulls, an
+    invalid date): :func:`_azure_ns` then parses or reports it as before."""
+    match = _AZURE_PLAIN.fullmatch
+    if not all(type(s) is str and match(s) for s in stamps):
+        return None
+    try:   # numpy checks the calendar (month, day of month, hour < 24, ...) as pandas does
+        secs = np.array([s[:19] for s in stamps], dtype="datetime64[s]")
+    except ValueError:
+        return None
+    if secs.min() < np.datetime64("1678-01-01") or secs.max() >= np.datetime64("2262-01-01"):
+        return None
+    frac_ns = np.array([int(s[20:].ljust(9, "0")) for s in stamps], dtype=np.int64)
+    return secs.astype("datetime64[ns]").astype(np.int64) + frac_ns
 
 
 def _azure_ns(ts: "pd.Series", locate) -> np.ndarray:
@@ -559,6 +589,8 @@ def save_trace(trace: Trace, path) -> Path:
     The file appears complete or not at all: we write a temp file beside it and
     ``os.replace`` it into place.
     """
+    import pyarrow.compute as pc
+
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in _PARQUET_SUFFIXES | {".csv"}:

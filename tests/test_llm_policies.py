@@ -177,3 +177,14 @@ def test_trace_without_token_columns_is_an_input_error():
     req = llm_requests([0, 0], prompt=[0, 0], output=[0, 0])
     with pytest.raises(InputError, match="output_tokens"):
         policy.reset(req)
+
+
+def test_a_one_token_prefill_chunk_is_not_repeated_as_a_decode():
+    """Found by hypothesis: with the budget squeezed to one token, a prefilling row computes
+    one token a step and emits nothing; such a step must not be marked repeatable."""
+    policy = PagedKV(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=4,
+                     max_model_len=64)
+    req = llm_requests([0] * 4, prompt=[1, 1, 1, 3], output=[4, 4, 4, 2])
+    logs = run_steps(policy, req, 4, repeats_of=lambda s: s.repeat)
+    assert logs[1] == ([(A, 1, 1, True), (B, 1, 1, True), (C, 1, 1, True), (3, 1, 1, False)], 1, [])
+    assert logs[2][0][3] == (3, 1, 2, True)   # its prompt is in: now it emits

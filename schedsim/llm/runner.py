@@ -61,18 +61,15 @@ def is_llm_run(policy: str, trace) -> bool:
 
 
 def default_step_profile_path() -> Path:
-    from schedsim.profile import default_profile_path
-
-    return Path(default_profile_path()).parent / DEFAULT_STEP_PROFILE
+    # Beside schedsim.profile's default_profile_path(), without importing that module.
+    return Path(__file__).resolve().parents[2] / "profiles" / DEFAULT_STEP_PROFILE
 
 
 def execute_llm(spec, options: LLMOptions, trace):
     """Run an LLM policy as ``spec`` (a :class:`~schedsim.runner.RunSpec`) describes."""
     from schedsim.llm.cost import StepCostModel, load_step_profile
     from schedsim.llm.metrics import summarize_llm
-    from schedsim.llm.report import write_llm_outputs
     from schedsim.llm.simulate import simulate_llm
-    from schedsim.metrics import combine_replications
     from schedsim.plugins import build_policy
     from schedsim.policy import Requests
     from schedsim.runner import RunOutcome, policy_config
@@ -110,7 +107,12 @@ def execute_llm(spec, options: LLMOptions, trace):
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
     notes = sorted({str(w.message) for w in caught})
-    summary = summaries[0] if len(summaries) == 1 else combine_replications(summaries)
+    if len(summaries) == 1:
+        summary = summaries[0]
+    else:
+        from schedsim.metrics import combine_replications
+
+        summary = combine_replications(summaries)
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
     summary["config"] = policy_config(spec, _Inputs(spec.params | options.params, 1)) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
@@ -122,6 +124,8 @@ def execute_llm(spec, options: LLMOptions, trace):
              f"model {budget.spec.name if budget else '?'}, step profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)
     if spec.out is not None:
+        from schedsim.llm.report import write_llm_outputs
+
         outcome.written = write_llm_outputs(spec.out, results[0], trace.request_id, summary,
                                             spec.plot, spec.warmup_s)
     return outcome

@@ -43,7 +43,8 @@ class _Driver:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self.holds_responses = bool(getattr(policy, "holds_responses", False))
         self.delivered = 0
-        self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER
+        self.arrivals = self.arrival_ns.tolist() + [NEVER]   # scanned from `delivered`: the sentinel ends a scan
+        self.next_arrival_ns = self.arrivals[0]
         # Per event: (start, end, end of its first step, repeats, rows, kv_blocks_used,
         # waiting, rows preempted) and its step's columns; the durations of repeated events.
         self.log: list[tuple] = []
@@ -82,9 +83,11 @@ class _Driver:
 
     def _next_step(self, now: int) -> None:
         if self.next_arrival_ns <= now:
-            stop = int(self.arrival_ns.searchsorted(now, side="right"))
-            first, self.delivered = self.delivered, stop
-            self.next_arrival_ns = int(self.arrival_ns[stop]) if stop < self.n else NEVER
+            arrivals, first = self.arrivals, self.delivered
+            stop = first + 1
+            while arrivals[stop] <= now:   # mostly one arrival: cheaper than a searchsorted
+                stop += 1
+            self.delivered, self.next_arrival_ns = stop, arrivals[stop]
             self.policy.on_arrivals(now, first, stop)
         step = self.policy.schedule(now)
         if type(step) is not Step and not isinstance(step, Step):
