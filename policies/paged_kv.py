@@ -187,6 +187,7 @@ class PagedKV(LLMPolicy):
                          kv_blocks_used=kv.num_used_blocks, waiting=len(self.waiting) + len(self.swapped))
         if preempted:
             step.preempted = np.array(preempted, dtype=np.int64)
+        self._made = (step, rows, ntok, ctx, emit)   # on_step_done reads these, not the arrays back
         self.too_long = []
         self._swapped_out_now = 0
         return step
@@ -194,16 +195,19 @@ class PagedKV(LLMPolicy):
     def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
         p, kv, bs, cap = self.p, self.kv, self.block_size, self.cap
         computed, generated, output = p.computed, p.generated, p.output
-        rows = step.rows.tolist()
+        made, rows, ntok, ctx, emit = self._made
+        if step is not made:   # a step this policy did not just make: read its arrays
+            rows, ntok, ctx, emit = (step.rows.tolist(), step.num_tokens.tolist(),
+                                     step.context.tolist(), step.emits.tolist())
         if repeats > 1:
-            self._replay_allocations(rows, step.context.tolist(), repeats)
+            self._replay_allocations(rows, ctx, repeats)
             for r in rows:
                 c = computed[r] = computed[r] + repeats
                 generated[r] += repeats
                 if c > cap[r]:
                     cap[r] = -(-c // bs) * bs
         else:
-            for r, n, e in zip(rows, step.num_tokens.tolist(), step.emits.tolist()):
+            for r, n, e in zip(rows, ntok, emit):
                 computed[r] += n
                 if e:
                     generated[r] += 1
@@ -233,6 +237,7 @@ class PagedKV(LLMPolicy):
     # --- helpers --------------------------------------------------------------------------------
 
     _swapped_out_now = 0
+    _made = (None, [], [], [], [])   # the last step schedule() made, with its columns as lists
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.

@@ -635,11 +635,22 @@ class StepCostModel:
     def decode_run_ns(self, context: np.ndarray, k: int) -> np.ndarray:
         """int64 durations of ``k`` back-to-back decode-only steps of the same rows, contexts
         growing by one per step: ``[step_ns(ones, context + j) for j in range(k)]``, bit for bit."""
+        if k <= 0:
+            if context.shape[0] == 0:
+                raise ValueError("decode_run_ns: a step needs at least one row")
+            return np.empty(0, dtype=np.int64)
+        counts, prices = self.decode_run_segments(context, k)
+        if len(prices) == 1:
+            return np.full(k, prices[0], dtype=np.int64)
+        return np.repeat(np.array(prices, dtype=np.int64), counts)
+
+    def decode_run_segments(self, context: np.ndarray, k: int) -> tuple[list[int], list[int]]:
+        """:meth:`decode_run_ns` run-length encoded: ``(counts, prices)``, ``k >= 1`` steps in
+        all. A driver that needs only where the run stops skips building the array (mostly
+        one price: the padded width changes once in many steps)."""
         n = context.shape[0]
         if n == 0:
             raise ValueError("decode_run_ns: a step needs at least one row")
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
         top = int_max(context) + 1
         if top + k - 1 > self.max_context_measured:
             self._beyond(top + k - 1)
@@ -653,9 +664,7 @@ class StepCostModel:
             counts.append(stop - top)
             prices.append(round(self._decode_x(n, width)))
             top = stop
-        if len(prices) == 1:
-            return np.full(k, prices[0], dtype=np.int64)
-        return np.repeat(np.array(prices, dtype=np.int64), counts)
+        return counts, prices
 
     def _decode_width(self, n: int, top: int) -> int:
         """Key/value width a decode-only step of ``n`` rows gathers when its longest row

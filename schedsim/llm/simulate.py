@@ -35,6 +35,8 @@ class _Driver:
         n = len(requests)
         self.req, self.policy, self.cost, self.seed = requests, policy, cost, seed
         self.env = simpy.Environment()
+        # Prices a repeated decode run-length encoded, where the cost model can (StepCostModel).
+        self.decode_run_segments = getattr(cost, "decode_run_segments", None)
         self.n = n
         self.arrival_ns = requests.arrival_ns
         self.output_tokens = requests.output_tokens.astype(np.int64)
@@ -49,7 +51,9 @@ class _Driver:
         # waiting, rows preempted) and its step's columns; the durations of repeated events.
         self.log: list[tuple] = []
         self.columns = _Columns()
-        self.runs: list[np.ndarray] = []   # durations of the steps of each repeated event
+        # Durations of the steps of each repeated event: an array, or (price, repeats) when
+        # they all cost the same.
+        self.runs: list[np.ndarray | tuple[int, int]] = []
         self.in_flight: tuple[int, Step] | None = None   # (repeats, step) of the running event
         self.sleeping = False
 
@@ -114,16 +118,30 @@ class _Driver:
                 raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
                                   f"not decode-only")
             repeats = int(repeat)
-            durations = self.cost.decode_run_ns(step.context, repeats)
-            ends = durations.cumsum()
-            if self.next_arrival_ns < NEVER:
-                # Stop after the step during which the next request arrives: the one after
-                # it is decided with that request in view.
-                repeats = min(int(ends.searchsorted(self.next_arrival_ns - now, side="left")) + 1, repeats)
-            total = int(ends[repeats - 1])
-            first_end = now + int(durations[0])
-            if repeats > 1:
-                self.runs.append(durations[:repeats])
+            if self.decode_run_segments is not None:
+                counts, prices = self.decode_run_segments(step.context, repeats)
+            else:   # a cost model with only the array form
+                prices = self.cost.decode_run_ns(step.context, repeats).tolist()
+                counts = [1] * repeats
+            price = prices[0]
+            if len(prices) == 1 and price > 0:
+                # One price (most runs): where the run stops is a division, not an array.
+                if self.next_arrival_ns < NEVER:
+                    # Stop after the step during which the next request arrives: the one
+                    # after it is decided with that request in view.
+                    repeats = min((self.next_arrival_ns - now - 1) // price + 1, repeats)
+                total = price * repeats
+                if repeats > 1:
+                    self.runs.append((price, repeats))
+            else:
+                durations = np.repeat(np.array(prices, dtype=np.int64), counts)
+                ends = durations.cumsum()
+                if self.next_arrival_ns < NEVER:
+                    repeats = min(int(ends.searchsorted(self.next_arrival_ns - now, side="left")) + 1, repeats)
+                total = int(ends[repeats - 1])
+                if repeats > 1:
+                    self.runs.append(durations[:repeats])
+            first_end = now + price
         else:
             repeats = 1
             total = first_end = int(self.cost.step_ns(step.num_tokens, step.context,
@@ -182,7 +200,8 @@ class _Driver:
         gaps = first_end[erec[later]] - end[np.concatenate([[0], erec[:-1]])[later]]
         emitting = np.bincount(rec[emits], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
-        values = [gaps] + [durations[1:] for durations in self.runs]
+        values = [gaps] + [np.full(run[1] - 1, run[0], np.int64) if type(run) is tuple else run[1:]
+                           for run in self.runs]
         counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
         itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts).astype(np.int64)
         keep = itl_count > 0
