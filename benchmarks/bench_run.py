@@ -294,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     from schedsim.profile import default_profile_path
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    # A user's installed copy runs from cached bytecode; this machine sets
+    # PYTHONDONTWRITEBYTECODE, so compile once, as a first run elsewhere would.
+    import compileall
+
+    for package in ("schedsim", "policies"):
+        compileall.compile_dir(REPO / package, quiet=1)
     exe = schedsim_exe()
     profile_path = default_profile_path()
     cap = capacity(profile_path)

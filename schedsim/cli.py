@@ -10,28 +10,103 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+from collections.abc import Callable, Iterator, MutableMapping
+
 import typer
-from rich.console import Console
-from rich.table import Table
+from typer.core import TyperGroup
 
 from schedsim import cli_options as o
 from schedsim.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+# Subcommands other than ``run`` live in their own modules, imported only when their
+# command runs (or help lists them), so ``schedsim run`` does not pay for them.
+def _mount_live(sub: typer.Typer) -> None:
+    from schedsim import cli_live
+
+    cli_live.register(sub)
+
+
+def _mount_sweep(sub: typer.Typer) -> None:
+    from schedsim import cli_sweep
+
+    cli_sweep.register(sub)  # sweep, plan, autoscale
+
+
+def _mount_trace(sub: typer.Typer) -> None:
+    from schedsim.cli_trace import app as trace_app
+
+    sub.add_typer(trace_app, name="trace", help="Make, inspect and download request traces.")
+
+
+def _mount_profile(sub: typer.Typer) -> None:
+    from schedsim import cli_profile
+
+    sub.add_typer(cli_profile.app, name="profile", help="Measure engines into cost tables; show and compare them.")
+
+
+# Listing order (as before: live ... autoscale, then run, then the groups); "run" stands
+# for the commands defined in this module.
+_LAZY_BEFORE = {"live": _mount_live, "validate": _mount_live, "sweep": _mount_sweep, "plan": _mount_sweep,
+                "autoscale": _mount_sweep}
+_LAZY_AFTER = {"trace": _mount_trace, "profile": _mount_profile}
+
+
+class _LazyCommands(MutableMapping):
+    """The top-level group's commands: the lazy ones are built on first lookup."""
+
+    def __init__(self, eager: dict):
+        self._loaders: dict[str, Callable[[typer.Typer], None]] = {**_LAZY_BEFORE, **_LAZY_AFTER}
+        self._commands: dict = {**{n: None for n in _LAZY_BEFORE}, **eager, **{n: None for n in _LAZY_AFTER}}
+
+    def _load(self, name: str) -> None:
+        mount = self._loaders[name]
+        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        mount(sub)
+        built = typer.main.get_group(sub).commands
+        for n, m in self._loaders.items():
+            if m is mount and self._commands.get(n) is None and n in built:
+                self._commands[n] = built[n]
+
+    def __getitem__(self, name: str):
+        if self._commands[name] is None:
+            self._load(name)
+        return self._commands[name]
+
+    def __setitem__(self, name: str, cmd) -> None:
+        self._commands[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._commands[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._commands
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._commands)
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+
+class _LazyGroup(TyperGroup):
+    def __init__(self, *, commands=None, **kwargs):
+        super().__init__(**kwargs)
+        self.commands = _LazyCommands(dict(commands or {}))
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(self.commands)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_LazyGroup,
                   help="Simulate batching policies for GPU inference serving on measured cost tables.")
 
 
-def _mount_subcommands() -> None:
-    from schedsim import cli_live, cli_profile, cli_sweep
-    from schedsim.cli_trace import app as trace_app
+@app.callback()
+def _group() -> None:
+    # Keeps ``app`` a group although ``run`` is its only eagerly registered command.
+    pass
 
-    app.add_typer(trace_app, name="trace", help="Make, inspect and download request traces.")
-    app.add_typer(cli_profile.app, name="profile", help="Measure engines into cost tables; show and compare them.")
-    cli_live.register(app)
-    cli_sweep.register(app)  # sweep, plan, autoscale
-
-
-_mount_subcommands()
 
 @app.command()
 def run(
@@ -129,6 +204,9 @@ def run(
 
 
 def print_summary(outcome) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     s = outcome.summary
     console.print(f"[bold]{outcome.title}[/bold]")
