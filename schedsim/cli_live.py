@@ -262,21 +262,20 @@ def live(
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed)
     # --- LLM live backend (issue 6) ---
-    llm_flags = o.llm_params(
+    llm = o.llm_options(
+        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
         model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
         preemption_mode=preemption_mode, swap_space_gb=swap_space_gb, watermark=watermark,
         long_prefill_token_threshold=long_prefill_token_threshold, max_model_len=max_model_len,
         reservation=reservation)
-    slos = (slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)
     if backend == "torch-llm":
         from schedsim.cli_llm import print_llm_summary
         from schedsim.llm.live_run import LiveLLMSpec, execute_live_llm
-        from schedsim.llm.runner import LLMOptions
 
         llm_spec = LiveLLMSpec(
-            run=run, llm=LLMOptions(*slos, params=llm_flags),
+            run=run, llm=llm,
             model=model or "builtin:llama-1b", device=device,
             cuda_graphs=cuda_graphs, precision=precision, time_limit_s=time_limit_s, spin_us=spin_us, seed=seed,
             threads=threads)
@@ -292,9 +291,8 @@ def live(
         return
     if policy in ("continuous", "paged-kv", "llm-static"):
         raise InputError(f"--policy {policy}: an LLM policy runs on --backend torch-llm, not {backend}")
-    if llm_flags or any(v is not None for v in slos):
-        raise InputError(f"--{next(iter(llm_flags), 'slo').replace('_', '-')}...: LLM flags apply to "
-                         f"--backend torch-llm, not --backend {backend}")
+    if llm.given():
+        raise InputError(f"{llm.given()[0]}: LLM flags apply to --backend torch-llm, not --backend {backend}")
     # --- end of the LLM live backend ---
     if model is None:
         from dataclasses import replace

@@ -128,3 +128,11 @@ SloE2eMs = Annotated[Optional[float], typer.Option(help="LLM goodput: end-to-end
 def llm_params(**flags) -> dict:
     """The LLM policy parameters the user gave (unset flags are not passed on)."""
     return {k: v for k, v in flags.items() if v is not None}
+
+
+def llm_options(*, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, **flags):
+    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.llm.runner.LLMOptions`."""
+    from schedsim.llm.runner import LLMOptions
+
+    return LLMOptions(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
+                      params=llm_params(**flags))

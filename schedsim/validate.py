@@ -46,8 +46,11 @@ def arrival_hash(arrival_s: np.ndarray) -> str:
     return hashlib.sha256(ns.tobytes()).hexdigest()[:16]
 
 
-def _load_dir(path: Path, what: str) -> tuple[dict, dict]:
-    """(summary, columns of requests.csv) of a run directory; InputError when incomplete."""
+def _load_dir(path: Path, what: str, numbers: tuple[str, ...] = ("arrival_s", "latency_ms")) -> tuple[dict, dict]:
+    """(summary, columns of requests.csv) of a run directory; InputError when incomplete.
+
+    ``numbers`` are read as float64 columns, beside ``status`` (LLM runs read TTFT/TPOT/E2E).
+    """
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"{what} {path}: no such directory")
@@ -63,13 +66,11 @@ def _load_dir(path: Path, what: str) -> tuple[dict, dict]:
 
     try:
         table = pacsv.read_csv(requests_path, convert_options=pacsv.ConvertOptions(
-            include_columns=["arrival_s", "latency_ms", "status"],
-            column_types={"arrival_s": "float64", "latency_ms": "float64"}))
+            include_columns=[*numbers, "status"], column_types={k: "float64" for k in numbers}))
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors name the problem
         raise InputError(f"{requests_path}: cannot read it: {' '.join(str(exc).split())[:200]}") from exc
-    cols = {"arrival_s": table["arrival_s"].to_numpy(),
-            "latency_ms": table["latency_ms"].to_numpy(zero_copy_only=False),
-            "status": np.asarray(table["status"].cast("string").to_pylist(), dtype=object)}
+    cols = {k: table[k].to_numpy(zero_copy_only=False).astype(np.float64) for k in numbers}
+    cols["status"] = np.asarray(table["status"].cast("string").to_pylist(), dtype=object)
     return summary, cols
 
 

@@ -54,10 +54,10 @@ import time
 
 import numpy as np
 
-from schedsim.llm.results import LLMResult
+from schedsim.llm.results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.llm.step import Step
 from schedsim.policy import NEVER, Requests
-from schedsim.results import COMPLETED, FAILED, QUEUED, REJECT_STATUS, RUNNING, PolicyError
+from schedsim.results import COMPLETED, FAILED, QUEUED, RUNNING, PolicyError
 
 STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
                 "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "graph",
@@ -408,7 +408,7 @@ class _Driver:
             if type(step) is not Step and not isinstance(step, Step):
                 raise PolicyError(f"{type(policy).__name__}.schedule returned {step!r}, not a Step")
             for reject in step.rejects:
-                self._reject(start, reject)
+                apply_reject(self.policy, self.status, self.end_ns, self.delivered, start, reject)
             if not step.rows.shape[0]:
                 if self.next_arrival_ns >= NEVER:
                     return None
@@ -440,13 +440,6 @@ class _Driver:
         self.next_arrival_ns = int(self.arrival_ns[stop]) if stop < self.n else NEVER
         self.delivered_ns[first:stop] = now
         self.policy.on_arrivals(now, first, stop)
-
-    def _reject(self, now: int, reject) -> None:
-        rows = np.asarray(reject.rows, dtype=np.int64)
-        if rows.size and (rows.max() >= self.delivered or (self.status[rows] != QUEUED).any()):
-            raise PolicyError(f"{type(self.policy).__name__} rejected rows that are not waiting")
-        self.status[rows] = REJECT_STATUS.get(reject.reason, REJECT_STATUS["queue_full"])
-        self.end_ns[rows] = now
 
     def _check(self, step: Step) -> None:
         name = type(self.policy).__name__
@@ -599,28 +592,9 @@ class _Driver:
         emits = np.concatenate([st.emits for st in steps]) if steps else empty_b
         ntok = np.concatenate([st.num_tokens for st in steps]).astype(np.int64) if steps else empty_i
 
-        first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-        uniq, idx = np.unique(rows, return_index=True)
-        first_seen[uniq] = rec[idx]
-        uniq, idx = np.unique(rows[::-1], return_index=True)
-        last_seen[uniq] = rec[rows.size - 1 - idx]
-        scheduled_ns = np.append(start, -1)[first_seen]
-
-        er, erec = rows[emits], rec[emits]
-        order = np.lexsort((erec, er))
-        er, erec = er[order], erec[order]
-        tokens_out = np.bincount(er, minlength=n).astype(np.int64)
-        first_of_row = np.ones(er.size, bool)
-        first_of_row[1:] = er[1:] != er[:-1]
-        last_of_row = np.ones(er.size, bool)
-        last_of_row[:-1] = first_of_row[1:]
-        first_token_ns = np.full(n, -1, np.int64)
-        first_token_ns[er[first_of_row]] = end[erec[first_of_row]]
-        last_token_ns = np.full(n, -1, np.int64)
-        last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
-        later = ~first_of_row
-        prev = np.concatenate([[0], erec[:-1]]).astype(np.int64)
-        itl_ns = (end[erec[later]] - end[prev[later]]).astype(np.int64)
+        ones = np.ones(nsteps, np.int64)
+        t = token_times(n, rows, rec, emits, start, end, end, ones)   # one step per record, live
+        first_seen, last_seen, tokens_out, itl_ns = t.first_seen, t.last_seen, t.tokens_out, t.gaps_ns
 
         if (tokens_out > self.output).any():
             raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
@@ -632,21 +606,20 @@ class _Driver:
         status[(first_seen >= 0) & ~done] = RUNNING
         status[done] = COMPLETED
         end_ns = self.end_ns.copy()
-        finish = np.append(end, -1)[last_seen] if self.holds_responses else last_token_ns
+        finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
         end_ns[done] = finish[done]
         failed = self.failed_ns >= 0
         status[failed] = FAILED
         end_ns[failed] = self.failed_ns[failed]
 
-        pre = np.add.reduceat(np.where(ntok > 1, ntok, 0), np.cumsum(sizes) - sizes) if nsteps else ntok
-        tok = np.add.reduceat(ntok, np.cumsum(sizes) - sizes) if nsteps else ntok
+        tok, pre = step_token_sums(ntok, sizes)
         stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
         hits = stats.pop("prefix_hit_tokens_per_request", None)
         hits = np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)
         req = self.req if keep == n else self.req.head(keep)
         k = slice(0, keep)
         return LLMResult(
-            requests=req, status=status[k], scheduled_ns=scheduled_ns[k], first_token_ns=first_token_ns[k],
+            requests=req, status=status[k], scheduled_ns=t.scheduled_ns[k], first_token_ns=t.first_token_ns[k],
             end_ns=end_ns[k], tokens_out=tokens_out[k].astype(np.int32), preemptions=self.preemptions[k],
             prefix_hit_tokens=hits[k], itl_ns=itl_ns, itl_count=np.ones(itl_ns.size, np.int64),
             step_start_ns=start, step_end_ns=end, step_repeats=np.ones(nsteps, np.int32),

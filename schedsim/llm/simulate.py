@@ -19,10 +19,10 @@ import numpy as np
 import simpy
 
 from schedsim.events import COMPLETION, DECISION, Scheduled
-from schedsim.llm.results import LLMResult
+from schedsim.llm.results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.llm.step import Step, int_max
 from schedsim.policy import NEVER, Requests
-from schedsim.results import COMPLETED, QUEUED, REJECT_STATUS, RUNNING, PolicyError
+from schedsim.results import COMPLETED, QUEUED, RUNNING, PolicyError
 
 
 def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0) -> LLMResult:
@@ -98,7 +98,7 @@ class _Driver:
             raise PolicyError(f"{type(self.policy).__name__}.schedule returned {step!r}, not a Step")
         if step.rejects:
             for reject in step.rejects:
-                self._reject(now, reject)
+                apply_reject(self.policy, self.status, self.end_ns, self.delivered, now, reject)
         rows = step.rows
         if not rows.shape[0]:
             if self.next_arrival_ns < NEVER and not self.sleeping:
@@ -154,13 +154,6 @@ class _Driver:
         self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
 
-    def _reject(self, now: int, reject) -> None:
-        rows = np.asarray(reject.rows, dtype=np.int64)
-        if rows.size and (rows.max() >= self.delivered or (self.status[rows] != QUEUED).any()):
-            raise PolicyError(f"{type(self.policy).__name__} rejected rows that are not waiting")
-        self.status[rows] = REJECT_STATUS.get(reject.reason, REJECT_STATUS["queue_full"])
-        self.end_ns[rows] = now
-
     def _result(self) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
         nsteps = len(self.log)
@@ -170,34 +163,11 @@ class _Driver:
         rows, tokens, emits = self.columns.arrays()
         tokens = tokens.astype(np.int64)
 
-        # When each request first ran, and when it last appeared in a step.
-        first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-        uniq, idx = np.unique(rows, return_index=True)
-        first_seen[uniq] = rec[idx]
-        uniq, idx = np.unique(rows[::-1], return_index=True)
-        last_seen[uniq] = rec[rows.size - 1 - idx]
-        scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
-
-        # Emitted tokens, sorted by request then time.
-        er, erec = rows[emits], rec[emits]
-        order = np.lexsort((erec, er))
-        er, erec = er[order], erec[order]
-        tokens_out = np.bincount(er, weights=repeats[erec], minlength=n).astype(np.int64)
-        first_of_row = np.ones(er.size, bool)
-        first_of_row[1:] = er[1:] != er[:-1]
-        last_of_row = np.ones(er.size, bool)
-        last_of_row[:-1] = first_of_row[1:]
-        first_token_ns = np.full(n, -1, np.int64)
-        first_token_ns[er[first_of_row]] = first_end[erec[first_of_row]]
-        last_token_ns = np.full(n, -1, np.int64)
-        last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
-        last_emit_rec = np.full(n, -1, np.int64)
-        last_emit_rec[er[last_of_row]] = erec[last_of_row]
-
+        t = token_times(n, rows, rec, emits, start, first_end, end, repeats)
+        first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.
-        later = ~first_of_row
-        gaps = first_end[erec[later]] - end[np.concatenate([[0], erec[:-1]])[later]]
+        gaps = t.gaps_ns
         emitting = np.bincount(rec[emits], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
         values = [gaps] + [np.full(run[1] - 1, run[0], np.int64) if type(run) is tuple else run[1:]
@@ -212,7 +182,7 @@ class _Driver:
             raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
                               f"rows {np.flatnonzero(tokens_out > output)[:8].tolist()}")
         done = (tokens_out == output) & (output > 0)
-        if not self.holds_responses and (last_seen[done] > last_emit_rec[done]).any():
+        if not self.holds_responses and (last_seen[done] > t.last_emit_rec[done]).any():
             raise PolicyError(f"{name} scheduled a request after it had emitted all its tokens")
         status = self.status
         rejected = status > COMPLETED
@@ -222,16 +192,15 @@ class _Driver:
         status[done] = COMPLETED
         end_ns = self.end_ns
         # A static batch answers its members together, at the end of its last step.
-        finish = np.append(end, -1)[last_seen] if self.holds_responses else last_token_ns
+        finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
         end_ns[done] = finish[done]
 
-        pre = np.add.reduceat(np.where(tokens > 1, tokens, 0), np.cumsum(sizes) - sizes) if nsteps else tokens
-        tok = np.add.reduceat(tokens, np.cumsum(sizes) - sizes) if nsteps else tokens
+        tok, pre = step_token_sums(tokens, sizes)
         stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
         hits = stats.pop("prefix_hit_tokens_per_request", None)
         return LLMResult(
-            requests=self.req, status=status, scheduled_ns=scheduled_ns,
-            first_token_ns=first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),
+            requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
+            first_token_ns=t.first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),
             preemptions=self.preemptions,
             prefix_hit_tokens=(np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)),
             itl_ns=itl_ns, itl_count=itl_count,

@@ -11,7 +11,6 @@ E2E over completed requests past the warm-up, and the CDFs overlaid in one figur
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -63,30 +62,12 @@ def _err(p, m) -> float:
 
 
 def _load(path: Path, what: str) -> tuple[dict, dict]:
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError(f"{what} {path}: no such directory")
-    summary_path, requests_path = path / "summary.json", path / "requests.csv"
-    for p in (summary_path, requests_path):
-        if not p.is_file():
-            raise InputError(f"{what} {path}: no {p.name} (not a finished schedsim run/live output directory)")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{summary_path}: not valid JSON: {exc}") from exc
+    from schedsim.validate import _load_dir
+
+    summary, cols = _load_dir(path, what, numbers=("arrival_s", "ttft_ms", "tpot_ms", "e2e_ms"))
     if not is_llm_summary(summary):
         raise InputError(f"{what} {path}: not an LLM run (its summary has no ttft_p50_ms); compare an LLM "
                          "schedsim run with an LLM schedsim live")
-    import pyarrow.csv as pacsv
-
-    names = ["arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "status"]
-    try:
-        table = pacsv.read_csv(requests_path, convert_options=pacsv.ConvertOptions(
-            include_columns=names, column_types={k: "float64" for k in names[:-1]}))
-    except Exception as exc:  # noqa: BLE001 - pyarrow's errors name the problem
-        raise InputError(f"{requests_path}: cannot read it: {' '.join(str(exc).split())[:200]}") from exc
-    cols = {k: table[k].to_numpy(zero_copy_only=False).astype(np.float64) for k in names[:-1]}
-    cols["status"] = np.asarray(table["status"].cast("string").to_pylist(), dtype=object)
     return summary, cols
 
 
