@@ -115,8 +115,9 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     from tokens, prefill rows, prefill attention pairs, prefill context and decode rows with
     D = round_up(decode_max_context + 1, block_size). Predicted ms = features . fitted
     coefficients + the profile's step overhead. Returns {graph,eager}_{n,err_p50_pct,
-    err_p90_pct} of (predicted - measured) / measured; {} for a log without composition
-    columns (run1) and NaN where a kind has no step.
+    err_p90_pct} of (predicted - measured) / measured, {graph,eager}_live_host_us_p50 (the
+    median of the live step period minus its GPU time) and model_step_overhead_us; {} for a
+    log without composition columns (run1) and NaN where a kind has no step.
     """
     import csv
 
@@ -145,12 +146,18 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
     meas = col["gpu_ms"]
     err = (pred - meas) / meas * 100.0
-    out = {}
+    # Host time per step in the live loop: the next step's start minus this one's start,
+    # less this step's GPU time (scheduling, input packing, launch, synchronize).
+    start = np.array([float(r["start_s"]) for r in rows])
+    host_us = (np.append(np.diff(start), np.nan) * 1e3 - meas) * 1e3
+    out = {"model_step_overhead_us": cost.overhead_ns / 1e3}
     for kind, mask in (("graph", graph == 1), ("eager", graph == 0)):
         e = err[mask & np.isfinite(err) & (meas > 0)]
+        h = host_us[mask & np.isfinite(host_us)]
         out[f"step_{kind}_n"] = int(e.size)
         out[f"step_{kind}_err_p50_pct"] = float(np.median(e)) if e.size else math.nan
         out[f"step_{kind}_err_p90_pct"] = float(np.percentile(e, 90)) if e.size else math.nan
+        out[f"step_{kind}_live_host_us_p50"] = float(np.median(h)) if h.size else math.nan
     return out
 
 
@@ -198,8 +205,9 @@ def main(argv=None) -> int:
         row["step_host_ms_mean"] = lv.get("step_host_ms", {}).get("mean")
         steps = step_errors(args.run / "cells" / cell["name"] / "live_steps.csv")
         for kind in ("graph", "eager"):
-            for k in ("n", "err_p50_pct", "err_p90_pct"):
+            for k in ("n", "err_p50_pct", "err_p90_pct", "live_host_us_p50"):
                 row[f"step_{kind}_{k}"] = steps.get(f"step_{kind}_{k}", math.nan if k != "n" else 0)
+        row["model_step_overhead_us"] = steps.get("model_step_overhead_us", math.nan)
         row["targets_met"] = report["targets_met"]
         rows.append(row)
     if not rows:
@@ -224,12 +232,15 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['cell']:<24}" + "".join(f"{_fmt(r, k):>18}" for k in TABLE))
     print(json.dumps(summary, indent=2))
-    print("\n| cell | " + " | ".join(TABLE) + " | step err graph p50 / p90 | step err eager p50 / p90 |")
-    print("| --- |" + " --- |" * (len(TABLE) + 2))
+    print("\n| cell | " + " | ".join(TABLE) + " | step err graph p50 / p90 | step err eager p50 / p90 "
+          "| live host us/step, graph / eager (model) |")
+    print("| --- |" + " --- |" * (len(TABLE) + 3))
     for r in rows:
         cells = [f"{_num(r[f'{k}_pred'])} / {_num(r[f'{k}_meas'])} ({_pct(r[f'{k}_err_pct'])})" for k in TABLE]
         cells += [f"{_pct(r[f'step_{kind}_err_p50_pct'])} / {_pct(r[f'step_{kind}_err_p90_pct'])} "
-                  f"(n={r[f'step_{kind}_n']})" if r[f"step_{kind}_n"] else "-" for kind in ("graph", "eager")]
+                  f"(n={r[f'step_{kind}_n']})" if r.get(f"step_{kind}_n") else "-" for kind in ("graph", "eager")]
+        cells.append(f"{_num(r.get('step_graph_live_host_us_p50'))} / {_num(r.get('step_eager_live_host_us_p50'))} "
+                     f"({_num(r.get('model_step_overhead_us'))})")
         print(f"| {r['cell']} | " + " | ".join(cells) + " |")
     return 0
 

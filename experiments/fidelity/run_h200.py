@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-requests", type=int, default=40_000, help="shorten fast cells to about this many")
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no cell after this much wall time")
     ap.add_argument("--skip-profile", action="store_true", help="do not measure the same-call profile")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the selected cells this many times, interleaved (repeat k>1 as NAME~rk): "
+                         "the live-vs-live spread of the same trace")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: bert-tiny, fp32, eager, rates x0.02, no profile")
     args = ap.parse_args(argv)
@@ -122,6 +125,7 @@ def main(argv=None) -> int:
     means = committed_profile_means(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     model = build_encoder(name, device, dtype, seed=0)
     cells = [c for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
+    cells = [c if k == 0 else dict(c, name=f"{c['name']}~r{k + 1}") for k in range(args.repeat) for c in cells]
     instances = max(c["instances"] for c in cells)
     with contextlib.ExitStack() as stack:
         runners = [stack.enter_context(TorchEncoderRunner(model, max_batch=MAX_BATCH, max_seq_len=SEQ_LEN,

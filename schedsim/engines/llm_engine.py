@@ -31,10 +31,10 @@ events and graphs. Weights are the seeded random weights of ``build_decoder``.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
-
-import math
 
 import numpy as np
 import torch
@@ -49,6 +49,26 @@ NULL_BLOCK = 0
 
 # A builtin: no inspect.signature; its docstring carries the signature (torch >= 2.5 has it).
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def _sdpa_backends(graph: bool):
+    """The SDPA kernels a step may use: any for a captured decode graph, never cuDNN eagerly.
+
+    On the H200 (torch 2.11) SDPA picks cuDNN attention for a causal prefill, and cuDNN
+    builds an execution plan for every new shape: about 45 ms of host time (a 490-token
+    chunk took 57 ms the first time, 6.5 ms after; flash: 11 ms, then 7.7). An eager step
+    meets a new shape at nearly every prefill, so the plan cost would land on most of them
+    (experiments/fidelity-llm/diagnose_first_call.py). A decode graph is captured once per
+    shape, and there cuDNN's masked attention is 1.5-2.3x faster than the memory-efficient
+    kernel for batches over 4 (fidelity-llm run 3), so graphs keep it.
+    """
+    if graph:
+        return contextlib.nullcontext()
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: no cuDNN attention in SDPA either
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 @dataclass(frozen=True)
@@ -422,16 +442,19 @@ class PagedLLMEngine:
         out = torch.where(seg_ok[:, :, None, None, None], out.float().view(b, s, kvh, rep, d), 0.0)
         return (weight * out).sum(1).to(q.dtype)
 
-    def _forward(self, inp: dict, p: _Prepared) -> torch.Tensor:
-        """Logits of each row's last token [rows (padded), vocab]; no host syncs (graph-safe)."""
+    def _forward(self, inp: dict, p: _Prepared, graph: bool = False) -> torch.Tensor:
+        """Logits of each row's last token [rows (padded), vocab]; no host syncs (graph-safe).
+
+        ``graph``: for a CUDA graph's capture (and its warm-up), which may use cuDNN attention."""
         m = self.model
         pos = inp["pos"]
         cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]
         x = m.embed(inp["ids"])
-        for i, layer in enumerate(m.layers):
-            x = x + self._attention(i, layer.attn, _rms_norm(x, layer.attn_norm), cos, sin, inp, p)
-            gate, up = F.linear(_rms_norm(x, layer.ffn_norm), self._gate_up[i]).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+        with _sdpa_backends(graph):
+            for i, layer in enumerate(m.layers):
+                x = x + self._attention(i, layer.attn, _rms_norm(x, layer.attn_norm), cos, sin, inp, p)
+                gate, up = F.linear(_rms_norm(x, layer.ffn_norm), self._gate_up[i]).chunk(2, dim=-1)
+                x = x + layer.down(F.silu(gate) * up)
         if not p.decode_only:
             x = x[inp["last"]]
         return _rms_norm(x, m.norm) @ m.embed.weight.T
@@ -492,11 +515,11 @@ class PagedLLMEngine:
         try:
             with torch.no_grad():
                 with torch.cuda.stream(self._stream):
-                    self._forward(views, p).argmax(-1)  # warm-up: kernel choice, workspaces
+                    self._forward(views, p, graph=True).argmax(-1)  # warm-up: kernel choice, workspaces
                 self._stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                    logits = self._forward(views, p)
+                    logits = self._forward(views, p, graph=True)
                     next_tok = logits.argmax(-1)
             self._stream.synchronize()
             entry = _Graph(graph, inputs, logits, next_tok)
@@ -556,6 +579,7 @@ class PagedLLMEngine:
                 "dtype": str(self.dtype).replace("torch.", ""), "cuda_graphs": self.cuda_graphs,
                 "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "max_context": self.max_context, "sdpa_enable_gqa": _HAS_GQA,
+                "sdpa_backends": "eager steps: flash, memory-efficient, math (no cuDNN: a plan per new shape); decode graphs: any",
                 "prefill_with_context": ("flash attention, lower-right causal, grouped-query"
                                          if self._gqa_lower_right else
                                          "K/V heads repeated, lower-right causal SDPA"),
