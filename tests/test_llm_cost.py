@@ -364,3 +364,60 @@ def test_sidecar_fit_is_reused_only_for_the_same_table(tmp_path):
     first[5] = str(float(first[5]) * 2)   # latency_ms_mean of the first row
     path.write_text("\n".join([head, ",".join(first), *lines[2:]]) + "\n")
     assert stored_fit(load_step_profile(path)) is None
+
+
+def test_a_host_overhead_column_is_fitted_with_the_step_instead_of_one_constant(tmp_path):
+    """With host_overhead_ms_p50 the model prices forward pass plus host time per composition
+    and adds no step_overhead_us; without it, the constant is added as before."""
+    from schedsim.llm.cost import HOST_COLUMN
+
+    src = load_step_profile(SYNTHETIC)
+    cols = dict(src.columns)
+    # Host work that grows with the rows packed: 0.2 ms + 4 us per row.
+    rows = cols["prefill_seqs"] + cols["decode_seqs"]
+    cols[HOST_COLUMN] = 0.2 + 0.004 * rows
+    meta = dict(src.meta) | {"step_overhead_us": 5000.0}
+    meta.pop("fit", None)
+    with_host = StepProfile.from_columns(cols, meta)
+    fit = fit_step_profile(with_host)
+    assert fit.includes_host and fit.target == f"latency_ms_mean + {HOST_COLUMN}"
+    model = StepCostModel(with_host, fit)
+    assert model.overhead_ns == 0.0
+    plain = StepCostModel(src, fit_step_profile(src))
+    assert plain.overhead_ns == src.meta.get("step_overhead_us", 0.0) * 1e3
+    # The saved profile keeps the column, and its stored fit is found again on load.
+    out = tmp_path / "host.csv"
+    save_step_profile(with_host, out)
+    again = load_step_profile(out)
+    assert HOST_COLUMN in again.columns and np.array_equal(again.columns[HOST_COLUMN], with_host.columns[HOST_COLUMN])
+    assert again.meta["fit"]["target"] == fit.target
+    # The host time is in the fitted steps: a one-row decode costs about 0.2 ms more than
+    # without the column (and not the 5 ms constant).
+    one = dict(graph=1, padded=1, width=16 * 16)
+    with_h = StepCostModel.from_profile(again)
+    assert with_h.overhead_ns == 0.0
+    delta = _decode_ms(with_h, **one) - _decode_ms(StepCostModel(StepProfile.from_columns(dict(src.columns), meta),
+                                                                 fit_step_profile(src)), **one) + 5.0
+    assert 0.1 < delta < 0.35
+
+
+def test_a_bad_host_overhead_value_names_its_line_and_column(tmp_path):
+    from schedsim.llm.cost import HOST_COLUMN
+
+    lines = SYNTHETIC.read_text().splitlines()
+    lines[0] += f",{HOST_COLUMN}"
+    lines[1:] = [l + ",0.3" for l in lines[1:]]
+    lines[2] = lines[2][:-3] + "-1"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"bad.csv:3.*{HOST_COLUMN}.*>= 0"):
+        load_step_profile(bad)
+
+
+def _decode_ms(model, *, graph, padded, width) -> float:
+    """The model's time of one graph decode step of ``padded`` rows at ``width`` tokens, ms."""
+    from schedsim.llm.cost import step_features
+
+    f = step_features(np.array([graph]), np.array([padded]), np.array([width]), *([np.array([0])] * 5),
+                      np.array([0]))
+    return float(sum(c * float(np.asarray(v)[0]) for c, v in zip(model._coef, f))) + model.overhead_ns / 1e6

@@ -114,8 +114,9 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     graph_batch(n_rows) and W = context_blocks(decode_max_context + 1) blocks; an eager step
     from tokens, prefill rows, prefill attention pairs, prefill context and decode rows with
     D = round_up(decode_max_context + 1, block_size). Predicted ms = features . fitted
-    coefficients + the profile's step overhead. Returns {graph,eager}_{n,err_p50_pct,
-    err_p90_pct} of (predicted - measured) / measured, {graph,eager}_live_host_us_p50 (the
+    coefficients + the profile's step overhead; measured = the CUDA-event time, or the engine
+    call's wall time (engine_ms) when the fit includes the host time per composition.
+    Returns {graph,eager}_{n,err_p50_pct, err_p90_pct} of (predicted - measured) / measured, {graph,eager}_live_host_us_p50 (the
     median of the live step period minus its GPU time) and model_step_overhead_us; {} for a
     log without composition columns (run1) and NaN where a kind has no step.
     """
@@ -144,13 +145,16 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
                           col["prefill_context"], col["decode_rows"], dwidth)
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
-    meas = col["gpu_ms"]
+    # A fit with the host time per composition prices the whole engine call (host and GPU),
+    # what engine_ms times live; else the forward pass, against its CUDA-event time.
+    with_host = cost.fit.includes_host and "engine_ms" in rows[0]
+    meas = np.array([float(r["engine_ms"]) for r in rows]) if with_host else col["gpu_ms"]
     err = (pred - meas) / meas * 100.0
     # Host time per step in the live loop: the next step's start minus this one's start,
     # less this step's GPU time (scheduling, input packing, launch, synchronize).
     start = np.array([float(r["start_s"]) for r in rows])
-    host_us = (np.append(np.diff(start), np.nan) * 1e3 - meas) * 1e3
-    out = {"model_step_overhead_us": cost.overhead_ns / 1e3}
+    host_us = (np.append(np.diff(start), np.nan) * 1e3 - col["gpu_ms"]) * 1e3
+    out = {"model_step_overhead_us": cost.overhead_ns / 1e3, "step_err_against": "engine_ms" if with_host else "gpu_ms"}
     for kind, mask in (("graph", graph == 1), ("eager", graph == 0)):
         e = err[mask & np.isfinite(err) & (meas > 0)]
         h = host_us[mask & np.isfinite(host_us)]

@@ -56,7 +56,13 @@ composition, in the order measured:
 ``decode_seqs, decode_context``
     plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens;
 ``latency_ms_mean, latency_ms_p50, latency_ms_p90, latency_ms_p99, latency_ms_std, n``
-    the step's measured time (forward pass, ms) and how many steps were timed.
+    the step's measured time (forward pass, ms) and how many steps were timed;
+``host_overhead_ms_p50`` (optional)
+    the median host time of the step outside the forward pass (packing the inputs,
+    the final synchronize), ms >= 0. With it the model fits forward pass plus host time
+    per composition, and the sidecar's single ``step_overhead_us`` is not added: that one
+    number is a median over all compositions, and the host work grows with the rows
+    and block-table entries packed (from about 0.2 ms for a few decodes to 1.7 ms for 256).
 
 The sidecar (schema ``schedsim.step_profile/1``) holds provenance (device, backend,
 torch version, model, dtype, cuda_graphs, date, command) and what the model reads:
@@ -93,6 +99,8 @@ COMPOSITION = ("prefill_seqs", "prefill_chunk", "prefill_context", "decode_seqs"
 LATENCY = ("latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99")
 COLUMNS = COMPOSITION + LATENCY + ("latency_ms_std", "n")
 """Required columns of a step profile CSV, in the order written."""
+HOST_COLUMN = "host_overhead_ms_p50"
+"""Optional column: host time per step outside the forward pass (see the module docstring)."""
 
 GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
 """Captured batch sizes sharing one per-gathered-token rate (inclusive ranges of G)."""
@@ -353,6 +361,14 @@ def _validate_table(data: dict, src: str, lines) -> dict:
                 i = int(np.flatnonzero(low)[0])
                 raise InputError(f"{loc(i, col)}: {num[i]:g} must be {'>= 0' if col == 'latency_ms_std' else '> 0'} (ms)")
             out[col] = num
+    if HOST_COLUMN in data:
+        raw = data[HOST_COLUMN]
+        num = np.array([_number(v) for v in raw.tolist()], dtype=np.float64)
+        bad = ~np.isfinite(num) | (num < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{loc(i, HOST_COLUMN)}: {str(raw[i]).strip()!r} must be a finite number >= 0 (ms)")
+        out[HOST_COLUMN] = num
     for lo, hi in (("latency_ms_p50", "latency_ms_p90"), ("latency_ms_p90", "latency_ms_p99")):
         bad = out[lo] > out[hi]
         if bad.any():
@@ -428,8 +444,9 @@ def save_step_profile(profile: StepProfile, path: str | os.PathLike) -> StepProf
     with replaced_atomically(path) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f, lineterminator="\n")
-            w.writerow(COLUMNS)
-            cols = [profile.columns[c].tolist() for c in COLUMNS]
+            names = COLUMNS + ((HOST_COLUMN,) if HOST_COLUMN in profile.columns else ())
+            w.writerow(names)
+            cols = [profile.columns[c].tolist() for c in names]
             for row in zip(*cols):
                 w.writerow([v if isinstance(v, int) else repr(float(v)) for v in row])
     return load_step_profile(path)
@@ -461,12 +478,19 @@ class StepFit:
     """Feature names."""
     table_sha256: str = ""
     """:func:`table_digest` of what was fitted: a sidecar fit with the same digest is this fit."""
+    target: str = "latency_ms_mean"
+    """What was fitted: the forward pass, or with the host time per step (:func:`fit_target`)."""
+
+    @property
+    def includes_host(self) -> bool:
+        """Whether the fitted time already holds the host time per step."""
+        return HOST_COLUMN in self.target
 
     def to_dict(self) -> dict:
         """The sidecar's ``fit`` entry."""
         return {"features": list(self.features), "table_sha256": self.table_sha256,
                 "coefficients_ms": {f: float(c) for f, c in zip(self.features, self.coefficients)},
-                "target": "latency_ms_mean", "method": "scipy.optimize.nnls on relative error (rows weighted 1/latency)",
+                "target": self.target, "method": "scipy.optimize.nnls on relative error (rows weighted 1/latency)",
                 "mape_pct": self.mape_pct, "max_abs_err_pct": self.max_abs_err_pct,
                 "train_mape_pct": self.train_mape_pct, "n_train": self.n_train, "n_heldout": self.n_heldout,
                 "split": self.split}
@@ -478,9 +502,18 @@ def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -
     import hashlib
 
     h = hashlib.sha256(repr((FEATURES, SPLIT_RULE, int(block_size), tuple(graph_sizes))).encode())
-    for c in COLUMNS:
+    for c in COLUMNS + ((HOST_COLUMN,) if HOST_COLUMN in columns else ()):
         h.update(np.ascontiguousarray(columns[c], dtype=np.float64).tobytes())
     return h.hexdigest()
+
+
+def fit_target(columns: dict) -> tuple[str, np.ndarray]:
+    """What a fit of this table aims at: the forward pass's mean, plus the host time per
+    step when the table has :data:`HOST_COLUMN`."""
+    y = np.asarray(columns["latency_ms_mean"], dtype=np.float64)
+    if HOST_COLUMN in columns:
+        return f"latency_ms_mean + {HOST_COLUMN}", y + np.asarray(columns[HOST_COLUMN], dtype=np.float64)
+    return "latency_ms_mean", y
 
 
 def stored_fit(profile: "StepProfile") -> StepFit | None:
@@ -499,7 +532,7 @@ def stored_fit(profile: "StepProfile") -> StepFit | None:
                        max_abs_err_pct=float(rec["max_abs_err_pct"]),
                        train_mape_pct=float(rec["train_mape_pct"]), n_train=int(rec["n_train"]),
                        n_heldout=int(rec["n_heldout"]), heldout=heldout_rows(len(profile)),
-                       table_sha256=digest)
+                       table_sha256=digest, target=fit_target(profile.columns)[0])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -535,7 +568,7 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
         raise InputError(f"{table.source}: {n} rows are too few to fit and check a step model "
                          f"(need at least {HELD_OUT_EVERY}; one in {HELD_OUT_EVERY} is held out)")
     X = feature_matrix(table.columns, bs, sizes)
-    y = table.columns["latency_ms_mean"]
+    target, y = fit_target(table.columns)
     held = heldout_rows(n)
     train = ~held
     A = X[train] / y[train, None]
@@ -548,7 +581,7 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     held_err = err[held]
     return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
                    train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
-                   heldout=held, table_sha256=table_digest(table.columns, bs, sizes))
+                   heldout=held, table_sha256=table_digest(table.columns, bs, sizes), target=target)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -583,7 +616,8 @@ class StepCostModel:
         if swap_gb_per_s is not None and not (isinstance(swap_gb_per_s, (int, float)) and swap_gb_per_s > 0):
             raise InputError(f"swap_gb_per_s: {swap_gb_per_s!r} must be a number > 0 (GB/s)")
         self.swap_gb_per_s = swap_gb_per_s
-        self.overhead_ns = float(profile.meta.get("step_overhead_us") or 0.0) * 1e3
+        # A fit of forward pass plus host time per composition holds the overhead already.
+        self.overhead_ns = 0.0 if fit.includes_host else float(profile.meta.get("step_overhead_us") or 0.0) * 1e3
         self.extrapolated = False
         """Whether any step so far attended beyond :attr:`max_context_measured` (warned once)."""
         self._coef = [float(c) for c in fit.coefficients]

@@ -18,7 +18,9 @@ blocks, and times whole steps:
 A sample is the CUDA-event time of one step, from the copy of its inputs to the device
 to the copy of its next tokens back (host time on the CPU); the host time around the
 whole call is kept too, and their difference, the host work outside the GPU's part
-(packing the inputs, the final synchronize), is the sidecar's ``step_overhead_us``.
+(packing the inputs, the final synchronize), is kept per composition on a GPU (the
+median, column ``host_overhead_ms_p50``) and as the sidecar's ``step_overhead_us`` (the
+median over compositions).
 Afterwards it times KV block swaps (pinned host memory <-> device) and stamps the
 machine. Ctrl-C, an error or an out-of-memory step still write the compositions already
 sampled, marked ``"partial": true``.
@@ -49,6 +51,7 @@ import numpy as np
 from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
+from schedsim.llm.cost import HOST_COLUMN
 from schedsim.measure import gpu_state, machine_metadata, summarize
 from schedsim.profiler import Interrupted, Outcome
 
@@ -462,7 +465,10 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
             unstable += 1
             warnings.append(f"{c.comp.label} unstable: {st['unstable_reason']}")
         if device.startswith("cuda"):
-            overhead[c.comp.kind].append(float(np.median(np.subtract(c.host_ms, c.gpu_ms))) * 1e3)
+            host_ms = float(np.median(np.subtract(c.host_ms, c.gpu_ms)))
+            overhead[c.comp.kind].append(host_ms * 1e3)
+            # Per composition too: the host work grows with the rows and table entries packed.
+            row[HOST_COLUMN] = max(host_ms, 0.0)
     short = [c.comp.label for c in sampled if len(c.gpu_ms) < spec.min_samples]
     if short:
         warnings.append(f"{len(short)} compositions have fewer than {spec.min_samples} samples "
@@ -567,7 +573,8 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
     out.parent.mkdir(parents=True, exist_ok=True)
     with replaced_atomically(out) as tmp:
         with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + STAT_COLUMNS))
+            host = (HOST_COLUMN,) if rows and HOST_COLUMN in rows[0] else ()
+            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + STAT_COLUMNS + host))
             w.writeheader()
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
