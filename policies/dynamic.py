@@ -128,9 +128,10 @@ class DynamicBatcher(Policy):
     def reset(self, requests: Requests, instances: int) -> None:
         super().reset(requests, instances)
         n = len(requests)
-        big = np.flatnonzero(requests.samples > self.max_batch_size)
-        if big.size:
-            row = int(big[0])
+        samples, seq_len = requests.samples, requests.seq_len
+        # Reductions first (no 2M-row temporaries); the row is looked for only when one is wrong.
+        if n and int(samples.max()) > self.max_batch_size:
+            row = int(np.flatnonzero(samples > self.max_batch_size)[0])
             raise InputError(f"trace row {row + 1}: batch {int(requests.samples[row])} exceeds "
                              f"max_batch_size {self.max_batch_size}")
         levels = max(self.priority_levels, 1)
@@ -161,9 +162,9 @@ class DynamicBatcher(Policy):
         self._need = 1
         self._shape_cut = False  # whether the last walk stopped at a request of another shape
         # Closed-form walk when no request can cut a batch early (one sample, one shape).
-        self._unit = bool(n == 0 or ((requests.samples == 1).all()
-                                     and (requests.seq_len == requests.seq_len[0]).all()))
+        self._unit = bool(n == 0 or (samples.min() == samples.max() == 1 and seq_len.min() == seq_len.max()))
         self._fast = self._contiguous and self._unit and not self.prefetch
+        self._arrival_ns = requests.arrival_ns
         # The common case answers from plain integers; binding it here saves a call per decision.
         self.decide = self._decide_fast if self._fast else self._decide_general
 
@@ -244,13 +245,13 @@ class DynamicBatcher(Policy):
         idle = list(idle)
         launches = []
         wake, need = NEVER, 1
-        preferred, delay = self._preferred_list, self.max_queue_delay_ns
+        preferred, delay, most = self._preferred_list, self.max_queue_delay_ns, self.max_batch_size
         while idle and tail > head:
             queued = tail - head
-            send_now = queued > self.max_batch_size
-            walked = self.max_batch_size if send_now else queued
+            send_now = queued > most
+            walked = most if send_now else queued
             i = bisect_right(preferred, walked)
-            oldest = int(self.requests.arrival_ns[head])
+            oldest = self._arrival_ns.item(head)
             expired = delay > 0 and now_ns - oldest >= delay
             if i and not expired:
                 take = preferred[i - 1]                                   # rule 1

@@ -6,6 +6,7 @@ stderr (``schedsim: error: ...``) and exit status 2, with no traceback.
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -138,7 +139,7 @@ def run(
     spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
     dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="Per-batch host overhead (default: the profile's measured value).")] = None,
-    wake_overhead_us: Annotated[Optional[float], typer.Option(help="Extra cost of a batch that wakes an idle serving loop (default: the profile's value, else 0).")] = None,
+    wake_overhead_us: Annotated[Optional[float], typer.Option(help="One constant extra cost of a batch that wakes an idle serving loop (default: the profile's wake-up curve by idle time, else its constant, else 0).")] = None,
     contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
@@ -245,6 +246,17 @@ def print_summary(outcome) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:
+            # Run as the program (the installed script passes no argv), the process exits
+            # next: freezing every object spares the interpreter's final full collection
+            # over all imported modules' objects (about 45 ms of a `schedsim run`).
+            gc.freeze()
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
     except InputError as exc:

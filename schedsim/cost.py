@@ -9,6 +9,7 @@ import numpy as np
 
 from schedsim.errors import InputError
 from schedsim.profile import Profile
+from schedsim.wake import WakeCurve
 
 QUANTILE_POINTS = 2001
 """Points of every precomputed quantile grid, at u = k / 2000: u = 0.5, 0.9 and 0.99 fall on the grid."""
@@ -65,6 +66,8 @@ class CostModel:
             ok = False
         if not ok:
             raise InputError(f"dispatch_overhead_s: {dispatch_overhead_s!r} must be a number >= 0 (seconds)")
+        # An explicit constant wins; else the sidecar's measured curve; else its constant.
+        self.wake_curve = None if wake_overhead_s is not None else WakeCurve.from_meta(profile.meta, profile.source)
         if wake_overhead_s is None:
             wake_overhead_s = float(profile.meta.get("wake_overhead_us", 0.0)) * 1e-6
         if not (isinstance(wake_overhead_s, (int, float)) and math.isfinite(wake_overhead_s) and wake_overhead_s >= 0):
@@ -89,7 +92,8 @@ class CostModel:
         self.dispatch_overhead_s = float(dispatch_overhead_s)
         self.wake_overhead_s = float(wake_overhead_s)
         """Extra time of a batch that wakes an idle serving loop (not launched at the instant its
-        instance finished the previous one): thread wake-ups and a cooled host. The driver adds it."""
+        instance finished the previous one): thread wake-ups and a cooled host. The driver adds
+        :meth:`wake_ns`; this constant is used when there is no ``wake_curve``."""
         self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
         self.has_seq_len = profile.has_seq_len
         self.batches = profile.batches
@@ -115,12 +119,25 @@ class CostModel:
         None takes the sidecar's ``dispatch_overhead_us`` (0 when absent). ``max_seq_len``:
         the model's longest input; longer requests are truncated to it before lookup.
         ``wake_overhead_s``: extra time of a batch launched on an instance that sat idle
-        (the serving loop had to wake up); None takes the sidecar's ``wake_overhead_us``
-        (0 when absent).
+        (the serving loop had to wake up), one constant; None takes the sidecar's
+        ``wake_curve`` (extra time by idle time, :mod:`schedsim.wake`) or else its
+        ``wake_overhead_us`` (0 when both are absent).
         """
         return cls(profile, spread=spread, extrapolate=extrapolate,
                    dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len,
                    wake_overhead_s=wake_overhead_s)
+
+    def wake_ns(self, idle_ns: int, u: float = 0.5) -> int:
+        """Extra nanoseconds of a launch on an instance idle for ``idle_ns``; ``u`` in [0, 1) is
+        the draw a curve with quantiles uses (see :attr:`wake_is_random`)."""
+        if self.wake_curve is not None:
+            return self.wake_curve.extra_ns(idle_ns, u)
+        return int(round(self.wake_overhead_s * 1e9))
+
+    @property
+    def wake_is_random(self) -> bool:
+        """Whether :meth:`wake_ns` depends on its draw: the driver then draws one per wake-up."""
+        return self.wake_curve is not None and self.wake_curve.random
 
     def with_contention(self, concurrent: dict) -> "CostModel":
         """Attach cost models measured with several instances running at once on one GPU

@@ -17,6 +17,7 @@ a request that arrives exactly when the queue delay expires is seen by that deci
 
 from __future__ import annotations
 
+from heapq import heappush
 from typing import Callable
 
 import simpy
@@ -29,7 +30,8 @@ DECISION = 1
 class Scheduled(Event):
     """An event that fires ``callback(event)`` after ``delay_ns`` with a fixed priority.
 
-    This is what :class:`simpy.Timeout` does, with the priority made explicit.
+    This is what :class:`simpy.Timeout` does, with the priority made explicit. ``at`` is
+    the time it fires, so a callback needs no call to ``env.now``.
     """
 
     def __init__(self, env: simpy.Environment, delay_ns: int, priority: int,
@@ -40,4 +42,7 @@ class Scheduled(Event):
         self.callbacks = [callback]
         self._value = value
         self._ok = True
-        env.schedule(self, priority, delay_ns)
+        self.at = env._now + delay_ns
+        # What env.schedule does, inline (one Python call less per event, a few percent of
+        # a run): simpy's heap holds (time, priority, sequence number, event).
+        heappush(env._queue, (self.at, priority, next(env._eid), self))

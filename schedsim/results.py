@@ -26,7 +26,11 @@ class PolicyError(RuntimeError):
 
 def ask(policy, now_ns: int, idle: list[int]) -> Decision:
     """``policy.decide`` with the checks both drivers need before applying the answer."""
-    decision = policy.decide(now_ns, idle)
+    return checked(policy, policy.decide(now_ns, idle), now_ns)
+
+
+def checked(policy, decision, now_ns: int) -> Decision:
+    """``decision`` if it is one a driver can apply at ``now_ns``; else PolicyError."""
     if not isinstance(decision, Decision):
         raise PolicyError(f"{type(policy).__name__}.decide returned {decision!r}, not a Decision")
     if decision.wake_at_ns <= now_ns:

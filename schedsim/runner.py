@@ -155,7 +155,6 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     from schedsim.cost import CostModel
     from schedsim.metrics import combine_replications, summarize
     from schedsim.profile import default_profile_path, load_profile
-    from schedsim.report import write_outputs
     from schedsim.simulate import simulate
 
     inputs = load_inputs(spec, trace)
@@ -171,7 +170,9 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     policy.reset(requests, instances)
     largest = policy.max_batch_samples()
     if largest is not None:
-        seq_lens = np.unique(trace.seq_len)  # 0 = not given: fine only for a one-seq_len profile
+        # Only the extremes matter (0 = not given: fine only for a one-seq_len profile).
+        seq = trace.seq_len
+        seq_lens = (int(seq.min()), int(seq.max())) if len(seq) else ()
         cost.check_covers(int(largest), seq_lens, what=_size_flag(spec.policy))
 
     results, summaries = [], []
@@ -190,7 +191,9 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
-        "wake_overhead_us": cost.wake_overhead_s * 1e6,
+        # The wake-up in use: the profile's curve by idle time, or one constant.
+        "wake_overhead_us": None if cost.wake_curve is not None else cost.wake_overhead_s * 1e6,
+        "wake_curve": cost.wake_curve.describe() if cost.wake_curve is not None else None,
         "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
     }
     if spec.replicas > 1:
@@ -201,6 +204,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
              + f", profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)
     if spec.out is not None:
+        from schedsim.report import write_outputs  # pyarrow.csv only when writing
+
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
                                         spec.warmup_s)
     return outcome

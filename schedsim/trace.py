@@ -57,7 +57,9 @@ class Trace:
 
         def col(values, dtype, default):
             if values is None:
-                return np.full(n, default, dtype=dtype)
+                # np.zeros leaves the pages untouched until used: a 2M-row trace without
+                # token, priority or timeout columns costs no memory for them.
+                return np.zeros(n, dtype=dtype) if default == 0 else np.full(n, default, dtype=dtype)
             arr = np.ascontiguousarray(values, dtype=dtype)
             if arr.shape != (n,):
                 raise ValueError(f"column of shape {arr.shape}, expected ({n},)")

@@ -1,9 +1,13 @@
 """The fidelity table's simulator half: predict every live cell of run_h200.py and compare.
 
 For each cell in RUN/cells/ (the device's output): rebuild the live requests.csv from
-result.npz, simulate the same arrivals with the same policy on (a) the committed profile
-(profiles/bert-base-fp16-cg-h200.csv) and (b) the profile measured in the same device call
-(RUN/profile/samecall.csv), 5 replications each, and run ``schedsim validate`` on both.
+result.npz, simulate the same arrivals with the same policy under several cost models and
+run ``schedsim validate`` on each: (a) the committed profile
+(profiles/bert-base-fp16-cg-h200.csv) with its dispatch overhead and no wake-up cost, (b) the
+profile measured in the same device call (RUN/profile/samecall.csv), when there is one;
+with --calibration, (c) a plus the constant wake-up measured by calibrate_h200.py and (d) c
+plus the 2-instance profile for batches that share the GPU; and (e) the default: a plus
+the sidecar's wake-up curve by idle time (fit_wake_curve.py) plus the 2-instance profile.
 Writes, into --results (committed): fidelity.csv (one row per cell and profile),
 fidelity.png (predicted vs measured p99, and the p99 errors) and summary.json (the
 issue's targets: p99 error within 3% median and 8% worst for one instance, 10% worst for
@@ -179,6 +183,10 @@ def main(argv=None) -> int:
         # d: c, and batches sharing the GPU priced by the profile measured with 2 instances
         duo = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv")
         profiles["d"] = (committed, wake, {2: duo})
+    # e (the default now): the sidecar's wake curve (extra by idle time, fit_wake_curve.py over
+    # calibration loops only) and the 2-instance profile for batches that share the GPU
+    if "wake_curve" in committed.meta:
+        profiles["e"] = (committed, None, {2: load_profile(ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv")})
     rows = []
     for cell_dir in sorted((args.run / "cells").iterdir()):
         if (cell_dir / "summary.json").exists():

@@ -81,22 +81,29 @@ def serving_loop(runner, out: Path, name: str, policy: str, params: dict, rate: 
     return {"rate_rps": rate, "requests": len(arrivals), "dispatch_us": extra["dispatch_us"]}
 
 
-def main(argv=None) -> int:
+@contextlib.contextmanager
+def bert_runner():
+    """The cells' engine: bert-base fp16 on CUDA, a graph captured for every batch size 1..64."""
     import torch
 
     from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
+    model = build_encoder("bert-base", "cuda", torch.float16, seed=0)
+    with TorchEncoderRunner(model, max_batch=64, max_seq_len=SEQ_LEN, cuda_graphs=True,
+                            record_gpu_time=True) as runner:
+        for b in range(1, 65):
+            runner.prepare(b, SEQ_LEN)
+        yield runner
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=150)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    model = build_encoder("bert-base", "cuda", torch.float16, seed=0)
-    with TorchEncoderRunner(model, max_batch=64, max_seq_len=SEQ_LEN, cuda_graphs=True,
-                            record_gpu_time=True) as runner:
-        for b in range(1, 65):
-            runner.prepare(b, SEQ_LEN)
+    with bert_runner() as runner:
         idle = idle_gap_samples(runner, args.rounds, np.random.default_rng(3))
         np.savez_compressed(args.out / "idle_gap_samples.npz", **idle)
         print(f"idle-gap samples: {len(idle['batch'])} in {time.perf_counter() - t0:.0f} s", flush=True)

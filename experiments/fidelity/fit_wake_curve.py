@@ -1,0 +1,89 @@
+"""Fit the wake-up curve (extra time of a launch by how long its loop was idle) from
+calibration loops, never from a validation cell, and write it into a profile's sidecar.
+
+Input: batches.csv-style files of the live runner's light-load serving loops
+(``calibrate_h200.py``'s ``loop_*_light.csv`` and ``calibrate_loops.py``'s
+``loops/loop_*.csv``). For every launch triggered by an arrival on an idle instance:
+idle = trigger time - the previous batch's completion, extra = (completion - trigger) -
+the profile's mean latency for its batch size - the profile's dispatch overhead. Launches
+are binned by idle time (log-spaced edges); each bin with at least ``--min-n`` launches
+gives a point: median idle, mean extra and the extra's quantiles (negatives clipped to 0).
+
+    python experiments/fidelity/fit_wake_curve.py experiments/fidelity/calibration/loop_*_light.csv \\
+        experiments/fidelity/calibration/loops/loop_*.csv --profile profiles/bert-base-fp16-cg-h200.csv [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+EDGES_MS = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, np.inf)
+
+
+def wake_launches(paths, mean_ms: pd.Series, dispatch_us: float, skip_s: float = 0.5) -> pd.DataFrame:
+    """One row per arrival-triggered launch on an idle loop: idle_us, extra_us, source."""
+    out = []
+    for path in paths:
+        b = pd.read_csv(path)
+        b = b[b.status == "ok"].sort_values("batch")
+        idle_us = (b.trigger_s - b.done_s.shift(1)) * 1e6
+        extra_us = ((b.done_s - b.trigger_s) * 1e3 - mean_ms.loc[b.samples].to_numpy()) * 1e3 - dispatch_us
+        keep = (b.trigger == "arrival") & (idle_us > 0) & (b.issue_s > skip_s)
+        out.append(pd.DataFrame({"idle_us": idle_us[keep], "extra_us": extra_us[keep], "source": Path(path).name}))
+    return pd.concat(out, ignore_index=True)
+
+
+PROBS = tuple(round(p, 2) for p in np.arange(0.0, 1.0, 0.05)) + (0.99, 1.0)
+
+
+def fit_curve(launches: pd.DataFrame, min_n: int = 20) -> dict:
+    """Per bin: median idle, mean extra and the extra's quantiles at PROBS (negatives clipped to 0)."""
+    bins = pd.cut(launches.idle_us / 1e3, EDGES_MS)
+    points = {"idle_us": [], "extra_us": [], "n": [], "probs": list(PROBS), "extra_q_us": []}
+    for _, g in launches.groupby(bins, observed=True):
+        if len(g) < min_n:
+            continue
+        extra = np.maximum(g.extra_us.to_numpy(), 0.0)
+        points["idle_us"].append(round(float(g.idle_us.median()), 1))
+        points["extra_us"].append(round(float(extra.mean()), 1))
+        points["n"].append(len(g))
+        points["extra_q_us"].append([round(float(v), 1) for v in np.quantile(extra, PROBS)])
+    return points
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("loops", nargs="+", type=Path)
+    ap.add_argument("--profile", type=Path, default=ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
+    ap.add_argument("--min-n", type=int, default=20)
+    ap.add_argument("--write", action="store_true", help="store the curve in the profile's sidecar")
+    args = ap.parse_args(argv)
+    side = args.profile.with_suffix(".json")
+    meta = json.loads(side.read_text())
+    mean_ms = pd.read_csv(args.profile).set_index("batch").latency_ms_mean
+    launches = wake_launches(args.loops, mean_ms, float(meta.get("dispatch_overhead_us", 0.0)))
+    curve = fit_curve(launches, args.min_n)
+    curve["source"] = ("experiments/fidelity/fit_wake_curve.py over " + ", ".join(
+        str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in args.loops))
+    curve["what"] = ("extra time of a launch on an idle serving loop over the table's mean and the dispatch "
+                     "overhead, by idle time: per log-spaced bin the median idle, the mean extra and its "
+                     "quantiles at probs (negatives clipped to 0); linear in log idle between points")
+    print(json.dumps(curve, indent=1))
+    if args.write:
+        meta["wake_curve"] = curve
+        side.write_text(json.dumps(meta, indent=2) + "\n")
+        print(f"wrote wake_curve into {side}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
