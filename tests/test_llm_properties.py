@@ -98,6 +98,25 @@ def test_paged_kv_invariants_and_repeat_equivalence(trace, policy):
     assert int(stepwise.step_repeats.sum()) == int(result.step_repeats.sum())
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces, policy=paged, cut=st.floats(0.0, 1.0))
+def test_itl_leaves_out_exactly_the_warm_up_requests_gaps(trace, policy, cut):
+    """With a warm-up cut, the pooled ITL holds one gap per output token after the first of
+    every request arriving at or after the cut, and nothing else changes."""
+    req = build(trace)
+    full = simulate_llm(req, policy, LinearCost())
+    t0 = int(req.arrival_ns.max() * cut) if len(req) else 0
+    cut_run = simulate_llm(req, policy, LinearCost(), itl_from_ns=t0)
+    measured = req.arrival_ns >= t0
+    assert int(cut_run.itl_count.sum()) == int(np.maximum(cut_run.tokens_out[measured] - 1, 0).sum())
+    assert fields(cut_run)[:5] == fields(full)[:5]
+    # Every gap of the cut run is a gap of the full run (a sub-multiset).
+    kept = np.repeat(cut_run.itl_ns, cut_run.itl_count).tolist()
+    pool = np.repeat(full.itl_ns, full.itl_count).tolist()
+    for g in kept:
+        pool.remove(g)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=traces, policy=reserving)
 def test_reserving_policies_invariants_and_repeat_equivalence(trace, policy):

@@ -578,7 +578,7 @@ class _Driver:
 
     # --- the result ------------------------------------------------------------------------
 
-    def result(self, keep: int) -> LLMResult:
+    def result(self, keep: int, itl_from_ns: int = 0) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
         recs = self.records
         nsteps = len(recs)
@@ -594,7 +594,8 @@ class _Driver:
 
         ones = np.ones(nsteps, np.int64)
         t = token_times(n, rows, rec, emits, start, end, end, ones)   # one step per record, live
-        first_seen, last_seen, tokens_out, itl_ns = t.first_seen, t.last_seen, t.tokens_out, t.gaps_ns
+        first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
+        itl_ns = t.gaps_ns[self.req.arrival_ns[t.gap_rows] >= itl_from_ns]  # warm-up requests add no gaps
 
         if (tokens_out > self.output).any():
             raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
@@ -641,8 +642,9 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
     ``engine`` is an entered :class:`~schedsim.engines.llm_engine.PagedLLMEngine` (or one
     with its ``execute``/``swap_out``/``swap_in``/``last_gpu_ms`` interface) whose pool holds
     at least the policy's KV blocks. ``engine_warmup`` runs and captures the step shapes
-    before the clock starts (:func:`warm_up`). ``warmup_s`` only selects the steps the
-    returned timing summaries count (:func:`~schedsim.llm.metrics.summarize_llm` leaves out
+    before the clock starts (:func:`warm_up`). ``warmup_s`` selects the steps the returned
+    timing summaries count and leaves the inter-token gaps of requests arriving before it
+    out of the result's ITL (:func:`~schedsim.llm.metrics.summarize_llm` leaves out those
     requests the same way). ``seed`` seeds the prompts. ``spin_us``: busy-wait this long
     before an idle engine's wake-up. ``time_limit_s`` (from the trace start), ``stop`` and
     Ctrl-C end the run early: the step in flight finishes (Ctrl-C: is dropped) and the
@@ -685,7 +687,7 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
             gc.enable()
     partial = reason is not None
     keep = n if not partial else int(requests.arrival_ns.searchsorted(stopped_ns, side="right"))
-    result = driver.result(keep)
+    result = driver.result(keep, int(round(warmup_s * 1e9)))
     extra = _extra(driver, warmup_s)
     extra.update(partial=partial, partial_reason=reason, stopped_at_s=stopped_ns / 1e9 if partial else None,
                  trace_requests=n, **setup,

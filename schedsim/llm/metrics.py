@@ -103,8 +103,8 @@ def summarize_llm(result: LLMResult, warmup_s: float = 0.0, slo_ttft_ms: float |
     }
     _describe(out, "ttft", ttft_ms)
     _describe(out, "tpot", tpot_ms)
-    # The result pools gaps without saying whose they were: ITL covers every request,
-    # warm-up included (a driver that wants it excluded must not record those gaps).
+    # The result pools gaps without saying whose they were: the drivers leave out the gaps
+    # of requests arriving before the warm-up cut (simulate_llm's itl_from_ns, run_live_llm's warmup_s).
     _describe(out, "itl", result.itl_ns / 1e6, result.itl_count)
     _describe(out, "e2e", e2e_ms)
     queue_ms = (result.scheduled_ns[done] - arrival) / 1e6

@@ -78,6 +78,8 @@ class TokenTimes:
     gaps_ns: np.ndarray
     """Inter-token gaps into the first step of each record, pooled (later steps of a
     repeated record add their own durations; the driver knows those)."""
+    gap_rows: np.ndarray
+    """The request of each entry of ``gaps_ns`` (to leave warm-up requests out)."""
 
 
 def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, start: np.ndarray,
@@ -111,7 +113,7 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     prev = np.concatenate([[0], erec[:-1]]).astype(np.int64)
     gaps_ns = (first_end[erec[later]] - end[prev[later]]).astype(np.int64)
     return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
-                      tokens_out, gaps_ns)
+                      tokens_out, gaps_ns, er[later])
 
 
 def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:

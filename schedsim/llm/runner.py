@@ -102,7 +102,8 @@ def execute_llm(spec, options: LLMOptions, trace):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(spec.replications):
-            result = simulate_llm(requests, policy, cost, seed=spec.seed + i)
+            result = simulate_llm(requests, policy, cost, seed=spec.seed + i,
+                                  itl_from_ns=int(round(spec.warmup_s * 1e9)))
             results.append(result)
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))

@@ -25,15 +25,19 @@ from schedsim.policy import NEVER, Requests
 from schedsim.results import COMPLETED, QUEUED, RUNNING, PolicyError
 
 
-def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0) -> LLMResult:
-    """Replay ``requests`` against the LLM ``policy`` on one engine priced by ``cost``."""
-    return _Driver(requests, policy, cost, seed).run()
+def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0, itl_from_ns: int = 0) -> LLMResult:
+    """Replay ``requests`` against the LLM ``policy`` on one engine priced by ``cost``.
+
+    ``itl_from_ns``: requests arriving before it (the warm-up) add no inter-token gaps to
+    the pooled ITL, as they count in no other metric."""
+    return _Driver(requests, policy, cost, seed, itl_from_ns).run()
 
 
 class _Driver:
-    def __init__(self, requests: Requests, policy, cost, seed: int):
+    def __init__(self, requests: Requests, policy, cost, seed: int, itl_from_ns: int = 0):
         n = len(requests)
         self.req, self.policy, self.cost, self.seed = requests, policy, cost, seed
+        self.itl_from_ns = int(itl_from_ns)
         self.env = simpy.Environment()
         # Prices a repeated decode run-length encoded, where the cost model can (StepCostModel).
         self.decode_run_segments = getattr(cost, "decode_run_segments", None)
@@ -167,8 +171,9 @@ class _Driver:
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.
-        gaps = t.gaps_ns
-        emitting = np.bincount(rec[emits], minlength=nsteps)
+        measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
+        gaps = t.gaps_ns[measured[t.gap_rows]]
+        emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
         values = [gaps] + [np.full(run[1] - 1, run[0], np.int64) if type(run) is tuple else run[1:]
                            for run in self.runs]
