@@ -183,14 +183,7 @@ def run(
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot,
         replicas=replicas, router=router)
-    llm = o.llm_options(
-        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
-        model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
-        preemption_mode=preemption_mode, swap_space_gb=swap_space_gb, watermark=watermark,
-        long_prefill_token_threshold=long_prefill_token_threshold, max_model_len=max_model_len,
-        reservation=reservation)
+    llm = o.llm_options(locals())
     outcome = execute(spec, llm)
     if json_output:
         o.print_json(outcome.summary)

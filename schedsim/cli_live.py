@@ -262,14 +262,7 @@ def live(
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed)
     # --- LLM live backend (issue 6) ---
-    llm = o.llm_options(
-        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
-        model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, gpu_memory_gb=gpu_memory_gb,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
-        preemption_mode=preemption_mode, swap_space_gb=swap_space_gb, watermark=watermark,
-        long_prefill_token_threshold=long_prefill_token_threshold, max_model_len=max_model_len,
-        reservation=reservation)
+    llm = o.llm_options(locals())
     if backend == "torch-llm":
         from schedsim.cli_llm import print_llm_summary
         from schedsim.llm.live_run import LiveLLMSpec, execute_live_llm

@@ -130,9 +130,16 @@ def llm_params(**flags) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-def llm_options(*, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, **flags):
-    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.llm.runner.LLMOptions`."""
+LLM_FLAGS = ("model_spec", "num_gpu_blocks", "gpu_memory_gb", "gpu_memory_utilization", "block_size",
+             "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "preemption_mode",
+             "swap_space_gb", "watermark", "long_prefill_token_threshold", "max_model_len", "reservation")
+"""The LLM policy flags ``run`` and ``live`` share (each command declares all of them)."""
+
+
+def llm_options(values: dict):
+    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.llm.runner.LLMOptions`,
+    from a command's arguments (its ``locals()``): :data:`LLM_FLAGS` and the SLOs."""
     from schedsim.llm.runner import LLMOptions
 
-    return LLMOptions(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
-                      params=llm_params(**flags))
+    return LLMOptions(slo_ttft_ms=values["slo_ttft_ms"], slo_tpot_ms=values["slo_tpot_ms"],
+                      slo_e2e_ms=values["slo_e2e_ms"], params=llm_params(**{k: values[k] for k in LLM_FLAGS}))

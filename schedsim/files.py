@@ -39,6 +39,28 @@ def json_safe(value):
     return value
 
 
+def write_columns_csv(path: str | os.PathLike, columns: dict, names) -> None:
+    """A CSV of ``columns[name]`` for each of ``names``, one row per index, written atomically.
+
+    Floats keep every digit (``repr``) and NaN/inf are empty cells; numpy scalars are
+    written as the Python numbers they hold."""
+    import csv
+
+    with replaced_atomically(path) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        for row in zip(*(columns[c] for c in names)):
+            w.writerow([_csv_cell(v) for v in row])
+
+
+def _csv_cell(v) -> str:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    return str(v)
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     """``obj`` as sorted, indented JSON, written atomically."""
     with replaced_atomically(path) as tmp:

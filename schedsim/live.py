@@ -45,6 +45,7 @@ from queue import SimpleQueue
 
 import numpy as np
 
+from schedsim.files import write_columns_csv
 from schedsim.policy import NEVER, REJECT_TIMEOUT, Requests
 from schedsim.results import (ask, COMPLETED, FAILED, QUEUED, REJECTED_QUEUE_FULL, REJECTED_TIMEOUT,
                                RUNNING, PolicyError, SimResult)
@@ -605,24 +606,7 @@ def _extra(driver: _Driver, result: SimResult, warmup_s: float) -> dict:
 
 def write_batches_csv(path, batches: dict) -> None:
     """DIR/batches.csv: one row per batch (see BATCH_COLUMNS), written atomically."""
-    import csv
-
-    from schedsim.files import replaced_atomically
-
-    with replaced_atomically(path) as tmp, open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(BATCH_COLUMNS)
-        cols = [batches[c] for c in BATCH_COLUMNS]
-        for row in zip(*cols):
-            w.writerow([_cell(v) for v in row])
-
-
-def _cell(v) -> str:
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ""
-    return str(v)
+    write_columns_csv(path, batches, BATCH_COLUMNS)
 
 
 def write_live_outputs(out_dir, result: SimResult, request_id: np.ndarray, summary: dict, extra: dict,

@@ -3,7 +3,7 @@
 A batch launched the instant its instance finished the previous one pays only the
 dispatch overhead. A batch that finds the loop idle pays more: the dispatcher thread
 and the engine's worker must wake, and caches and clocks have cooled. On the H200 the
-extra grew from about 100 µs after 0.1 ms of idling to about 700 µs after 50 ms
+extra grew from about 100 µs after 0.1 ms of idling to about 690 µs after 58 ms
 (experiments/fidelity/README.md, "wake-up cost"), so one constant over-charges the
 short gaps of a moderately loaded server and under-charges long ones.
 

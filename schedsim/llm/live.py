@@ -737,20 +737,6 @@ def _extra(driver: _Driver, warmup_s: float) -> dict:
 
 def write_live_steps_csv(path, steps: dict) -> None:
     """DIR/live_steps.csv: one row per step (see :data:`STEP_COLUMNS`), written atomically."""
-    import csv
+    from schedsim.files import write_columns_csv
 
-    from schedsim.files import replaced_atomically
-
-    with replaced_atomically(path) as tmp, open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(STEP_COLUMNS)
-        for row in zip(*(steps[c] for c in STEP_COLUMNS)):
-            w.writerow([_cell(v) for v in row])
-
-
-def _cell(v) -> str:
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ""
-    return str(v)
+    write_columns_csv(path, steps, STEP_COLUMNS)
