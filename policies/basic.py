@@ -83,8 +83,10 @@ class StaticBatching(Policy):
             self._head += take
         queued = self._tail - self._head
         wake = NEVER
-        if queued and self.max_wait_ns:
-            # Past due (every instance busy): the next completion decides instead.
+        if queued and self.max_wait_ns and idle:
+            # Only with an idle instance: while every instance is busy a timer could launch
+            # nothing, and the next completion decides anyway (a live dispatcher woken for
+            # nothing takes host time from the engine's thread).
             wake = int(arrival[self._head]) + self.max_wait_ns
             wake = wake if wake > now_ns else NEVER
         # With a max wait, the next arrival may start the head's clock; else only a full batch matters.

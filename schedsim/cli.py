@@ -138,7 +138,7 @@ def run(
     rate_scale: o.RateScale = 1.0,
     spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
-    dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="Per-batch host overhead (default: the profile's measured value).")] = None,
+    dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="One constant per-batch host overhead (default: the profile's measured value and, where it has one, its per-sample term).")] = None,
     wake_overhead_us: Annotated[Optional[float], typer.Option(help="One constant extra cost of a batch that wakes an idle serving loop (default: the profile's wake-up curve by idle time, else its constant, else 0).")] = None,
     contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,

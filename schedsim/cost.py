@@ -35,7 +35,9 @@ class CostModel:
     - sequence length: a batch's ``seq_len`` (the longest in the batch, as the driver pads)
       selects the grid row; tables without seq_len ignore it; ``seq_len`` 0 means "not
       given" and uses the profile's seq_len when it measured only one, else is refused;
-    - a constant per-batch host dispatch overhead, added to every batch;
+    - a per-batch host dispatch overhead, added to every batch: a constant plus, when the
+      profile measured it (``dispatch_overhead_us_per_sample``), a term per sample beyond
+      the first (a serving loop's bookkeeping and input gathering grow with the batch);
     - optionally (``extrapolate=True``) linear extrapolation beyond the measured range
       from the last two points, never below the smallest measured latency.
 
@@ -54,18 +56,23 @@ class CostModel:
 
     def __init__(self, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
                  dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
-                 wake_overhead_s: float | None = None):
+                 wake_overhead_s: float | None = None, dispatch_per_sample_s: float | None = None):
         """Prefer :meth:`from_profile`; the arguments are the same."""
         if spread not in SPREADS:
             raise InputError(f"spread: {spread!r} is not one of {', '.join(SPREADS)}")
+        if dispatch_per_sample_s is None:
+            # An explicit constant overhead replaces the measured one, per-sample term included.
+            dispatch_per_sample_s = 0.0 if dispatch_overhead_s is not None else \
+                float(profile.meta.get("dispatch_overhead_us_per_sample", 0.0)) * 1e-6
         if dispatch_overhead_s is None:
             dispatch_overhead_s = float(profile.meta.get("dispatch_overhead_us", 0.0)) * 1e-6
-        try:
-            ok = math.isfinite(float(dispatch_overhead_s)) and float(dispatch_overhead_s) >= 0
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InputError(f"dispatch_overhead_s: {dispatch_overhead_s!r} must be a number >= 0 (seconds)")
+        for name, v in (("dispatch_overhead_s", dispatch_overhead_s), ("dispatch_per_sample_s", dispatch_per_sample_s)):
+            try:
+                ok = math.isfinite(float(v)) and float(v) >= 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise InputError(f"{name}: {v!r} must be a number >= 0 (seconds)")
         # An explicit constant wins; else the sidecar's measured curve; else its constant.
         self.wake_curve = None if wake_overhead_s is not None else WakeCurve.from_meta(profile.meta, profile.source)
         if wake_overhead_s is None:
@@ -90,6 +97,9 @@ class CostModel:
         """The spread in use: 'empirical', 'fitted' or 'none' ('auto' resolved)."""
         self.extrapolate = bool(extrapolate)
         self.dispatch_overhead_s = float(dispatch_overhead_s)
+        """Host dispatch overhead of a batch of one sample."""
+        self.dispatch_per_sample_s = float(dispatch_per_sample_s)
+        """Added to the dispatch overhead per sample beyond the first."""
         self.wake_overhead_s = float(wake_overhead_s)
         """Extra time of a batch that wakes an idle serving loop (not launched at the instant its
         instance finished the previous one): thread wake-ups and a cooled host. The driver adds
@@ -109,14 +119,18 @@ class CostModel:
     @classmethod
     def from_profile(cls, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
                      dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
-                     wake_overhead_s: float | None = None) -> "CostModel":
+                     wake_overhead_s: float | None = None,
+                     dispatch_per_sample_s: float | None = None) -> "CostModel":
         """Build the model from a profile.
 
         ``spread``: 'empirical' (raw samples), 'fitted' (table percentiles), 'none' (always
         the mean) or 'auto' (empirical when samples exist, else fitted when any std > 0,
         else none). ``extrapolate``: allow batch sizes and seq_lens outside the measured
         range. ``dispatch_overhead_s``: per-batch host overhead added to every batch;
-        None takes the sidecar's ``dispatch_overhead_us`` (0 when absent). ``max_seq_len``:
+        None takes the sidecar's ``dispatch_overhead_us`` (0 when absent).
+        ``dispatch_per_sample_s``: added per sample beyond the first; None takes the
+        sidecar's ``dispatch_overhead_us_per_sample``, or 0 when ``dispatch_overhead_s`` is
+        given (an explicit overhead replaces the measured one). ``max_seq_len``:
         the model's longest input; longer requests are truncated to it before lookup.
         ``wake_overhead_s``: extra time of a batch launched on an instance that sat idle
         (the serving loop had to wake up), one constant; None takes the sidecar's
@@ -125,7 +139,7 @@ class CostModel:
         """
         return cls(profile, spread=spread, extrapolate=extrapolate,
                    dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len,
-                   wake_overhead_s=wake_overhead_s)
+                   wake_overhead_s=wake_overhead_s, dispatch_per_sample_s=dispatch_per_sample_s)
 
     def wake_ns(self, idle_ns: int, u: float = 0.5) -> int:
         """Extra nanoseconds of a launch on an instance idle for ``idle_ns``; ``u`` in [0, 1) is
@@ -157,7 +171,8 @@ class CostModel:
 
     def __repr__(self) -> str:
         return (f"CostModel({self.profile.source!r}, spread={self.spread!r}, extrapolate={self.extrapolate}, "
-                f"dispatch_overhead_s={self.dispatch_overhead_s!r})")
+                f"dispatch_overhead_s={self.dispatch_overhead_s!r}, "
+                f"dispatch_per_sample_s={self.dispatch_per_sample_s!r})")
 
     # ------------------------------------------------------------------ public queries
 
@@ -170,6 +185,10 @@ class CostModel:
     def min_batch(self) -> int:
         """Smallest measured batch size."""
         return self._b[0]
+
+    def dispatch_s(self, samples: int) -> float:
+        """The host dispatch overhead of a batch of ``samples`` samples, in seconds."""
+        return self.dispatch_overhead_s + self.dispatch_per_sample_s * (samples - 1)
 
     def mean_s(self, samples: int, seq_len: int = 0) -> float:
         """Mean service time in seconds (the table's mean, interpolated, plus dispatch overhead)."""
@@ -341,7 +360,7 @@ class CostModel:
             grid = _lerp_along(grids[j, i0], grids[j, i1], w, inside, floor=grids[j].min(axis=0))
             if not inside:
                 grid = np.maximum.accumulate(grid)  # extrapolated spreads may cross; keep Q monotone
-        r = (mean, grid, None if grid is None else _seconds(grid, self.dispatch_overhead_s))
+        r = (mean, grid, None if grid is None else _seconds(grid, self.dispatch_s(b)))
         self._rows[key] = r
         return r
 
@@ -355,7 +374,7 @@ class CostModel:
         if not self.extrapolate and not self._b[0] <= b <= self._b[-1]:
             raise ValueError(f"profile {self.profile.source} covers batch sizes {self._b[0]}..{self._b[-1]}, "
                              f"not {b} (call check_covers first, or build the model with extrapolate=True)")
-        ov = self.dispatch_overhead_s
+        ov = self.dispatch_s(b)
         if self.has_seq_len:
             s = self._clamp(int(seq_len))
             j0, j1, ws, inside = _bracket(s, self._s)

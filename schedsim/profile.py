@@ -9,7 +9,8 @@ batch x seq_len combination must be present), ``latency_ms_min``, ``latency_ms_m
 
 ``NAME.json`` (optional) is the provenance written by the measurement script
 (``schema`` = ``schedsim.profile/1``, model, backend, device, ..., optionally
-``dispatch_overhead_us`` and ``samples``, the raw-sample file relative to the CSV).
+``dispatch_overhead_us``, ``dispatch_overhead_us_per_sample`` (added per sample beyond the
+first) and ``samples``, the raw-sample file relative to the CSV).
 
 ``NAME.samples.npz`` (optional) holds ``batch`` (int32), ``seq_len`` (int32, 0 when the
 profile has no seq_len) and ``latency_ms`` (float32), one entry per timed sample. It is
@@ -332,10 +333,11 @@ def _validate_meta(meta, src: str) -> dict:
     schema = meta.get("schema")
     if schema is not None and schema != SCHEMA:
         raise InputError(f"{where(src, None, 'schema')}: {schema!r} is not supported (expected {SCHEMA!r})")
-    if "dispatch_overhead_us" in meta:
-        v = meta["dispatch_overhead_us"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise InputError(f"{where(src, None, 'dispatch_overhead_us')}: {v!r} must be a number >= 0 (microseconds)")
+    for key in ("dispatch_overhead_us", "dispatch_overhead_us_per_sample"):
+        if key in meta:
+            v = meta[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise InputError(f"{where(src, None, key)}: {v!r} must be a number >= 0 (microseconds)")
     if "samples" in meta and not (isinstance(meta["samples"], str) and meta["samples"]):
         raise InputError(f"{where(src, None, 'samples')}: {meta['samples']!r} must be a file name relative to the CSV")
     return meta

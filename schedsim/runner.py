@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from schedsim.errors import InputError
 
@@ -191,6 +190,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
+        "dispatch_overhead_us_per_sample": cost.dispatch_per_sample_s * 1e6,
         # The wake-up in use: the profile's curve by idle time, or one constant.
         "wake_overhead_us": None if cost.wake_curve is not None else cost.wake_overhead_s * 1e6,
         "wake_curve": cost.wake_curve.describe() if cost.wake_curve is not None else None,

@@ -112,9 +112,11 @@ def test_bundled_default_profile():
     cm = CostModel.from_profile(prof)
     table = prof.table.set_index("batch")
     overhead = prof.meta.get("dispatch_overhead_us", 0.0) * 1e-6
+    per_sample = prof.meta.get("dispatch_overhead_us_per_sample", 0.0) * 1e-6
     cm.check_covers(cm.max_batch, ())
     for b in (1, cm.max_batch):
-        assert cm.mean_s(b) == pytest.approx(table.loc[b, "latency_ms_mean"] / 1000.0 + overhead, rel=1e-12)
+        assert cm.mean_s(b) == pytest.approx(table.loc[b, "latency_ms_mean"] / 1000.0 + overhead
+                                             + per_sample * (b - 1), rel=1e-12)
         assert cm.sample_s(b, 0, np.random.default_rng(0)) > 0
 
 
@@ -340,6 +342,29 @@ def test_dispatch_overhead_added(tmp_path):
     assert zero.sample_s(1, 0, np.random.default_rng(0)) == zero.mean_s(1) == 1e-3 + 2e-3
     with pytest.raises(InputError, match="dispatch_overhead_s"):
         CostModel.from_profile(prof, dispatch_overhead_s=-1.0)
+
+
+def test_dispatch_overhead_per_sample(tmp_path):
+    """The sidecar's per-sample term adds (b - 1) x it to a batch of b, in the mean and in
+    every draw; an explicit constant overhead replaces both measured terms."""
+    prof = sampled_profile(tmp_path, meta={"dispatch_overhead_us": 40.0, "dispatch_overhead_us_per_sample": 0.5})
+    base = CostModel.from_profile(prof, dispatch_overhead_s=0.0)
+    cm = CostModel.from_profile(prof)
+    assert cm.dispatch_per_sample_s == pytest.approx(0.5e-6)
+    sizes = np.arange(1, 9)
+    for b in sizes.tolist():
+        assert cm.dispatch_s(b) == pytest.approx(40e-6 + 0.5e-6 * (b - 1), rel=1e-12)
+        assert cm.mean_s(b) == pytest.approx(base.mean_s(b) + cm.dispatch_s(b), rel=1e-12)
+    a = cm.sample_many_s(sizes, 0, np.random.default_rng(1))
+    b = base.sample_many_s(sizes, 0, np.random.default_rng(1))
+    np.testing.assert_allclose(a - b, 40e-6 + 0.5e-6 * (sizes - 1), rtol=1e-9)
+    assert cm.sample_s(5, 0, np.random.default_rng(3)) == pytest.approx(
+        base.sample_s(5, 0, np.random.default_rng(3)) + 42e-6, rel=1e-12)
+    assert CostModel.from_profile(prof, dispatch_overhead_s=1e-5).dispatch_s(8) == 1e-5
+    both = CostModel.from_profile(prof, dispatch_overhead_s=1e-5, dispatch_per_sample_s=1e-6)
+    assert both.dispatch_s(8) == pytest.approx(1.7e-5, rel=1e-12)
+    with pytest.raises(InputError, match="dispatch_per_sample_s"):
+        CostModel.from_profile(prof, dispatch_per_sample_s=-1e-6)
 
 
 @pytest.mark.parametrize("spread", ["empirical", "fitted", "none"])

@@ -277,3 +277,19 @@ def test_batches_that_share_the_gpu_are_priced_by_the_contention_model():
     req = Requests.from_trace(Trace.from_arrivals([0, 0, 0.010]))
     result = simulate(req, NoBatching(), _SharedGpuCost(1.0, _SharedGpuCost(3.0)), instances=2)
     assert (result.batch_end_ns - result.batch_start_ns).tolist() == [3_000_000, 3_000_000, 1_000_000]
+
+
+def test_static_sets_no_timer_while_every_instance_is_busy():
+    """A timer with no idle instance could launch nothing (the next completion decides), so
+    the policy asks for none: a live dispatcher would wake only to take host time."""
+    from schedsim.policy import NEVER, Requests
+    from schedsim.trace import Trace
+
+    reqs = Requests.from_trace(Trace.from_arrivals(np.array([0.0, 0.0002, 0.0004])))
+    policy = StaticBatching(batch_size=4, max_wait_us=1000)
+    policy.reset(reqs, 1)
+    policy.on_arrivals(400_000, 0, 3)
+    busy = policy.decide(500_000, [])
+    assert busy.launches == [] and busy.wake_at_ns == NEVER
+    idle = policy.decide(500_000, [0])
+    assert idle.launches == [] and idle.wake_at_ns == 1_000_000

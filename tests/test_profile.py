@@ -138,6 +138,7 @@ def test_missing_and_empty_files(tmp_path):
     ({"schema": "schedsim.profile/9"}, r"p\.json: schema: 'schedsim\.profile/9' is not supported"),
     ({"dispatch_overhead_us": -3}, r"p\.json: dispatch_overhead_us: -3 must be a number >= 0"),
     ({"dispatch_overhead_us": "20"}, r"p\.json: dispatch_overhead_us: '20' must be a number"),
+    ({"dispatch_overhead_us_per_sample": -0.5}, r"p\.json: dispatch_overhead_us_per_sample: -0\.5 must be a number >= 0"),
     ({"samples": "gone.npz"}, r"p\.json: samples: raw-sample file 'gone\.npz' not found"),
 ])
 def test_bad_sidecar(tmp_path, meta, expected):

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,30 +113,37 @@ def main(argv=None) -> int:
     device, name, dtype, scale = ("cpu", "bert-tiny", torch.float32, 0.02) if args.smoke else \
         ("cuda", "bert-base", torch.float16, 1.0)
     if not args.skip_profile and not args.smoke and not (out / "profile" / "samecall.csv").exists():
-        spec = importlib.util.spec_from_file_location("measure", ROOT / "experiments/default_profile/measure.py")
-        measure = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(measure)
-        # The default profile's method, shortened (about 40 s instead of 2 min).
-        measure.main(["--out", str(out / "profile"), "--name", "samecall", "--min-iters", "120",
-                      "--min-time-s", "0.25", "--warmup-ms", "50", "--dispatch-iters", "1000"])
-        torch.cuda.empty_cache()
+        # The default profile's method, shortened (about 40 s instead of 2 min), in a child
+        # process: its runner must not share this process with the cells' runner (a second
+        # runner's graphs slow the first one's small batches; diagnose_runner_state.py).
+        subprocess.run([sys.executable, str(ROOT / "experiments/default_profile/measure.py"),
+                        "--out", str(out / "profile"), "--name", "samecall", "--min-iters", "120",
+                        "--min-time-s", "0.25", "--warmup-ms", "50", "--dispatch-iters", "1000"],
+                       check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         print(f"profile done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
     means = committed_profile_means(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     model = build_encoder(name, device, dtype, seed=0)
     cells = [c for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
     cells = [c if k == 0 else dict(c, name=f"{c['name']}~r{k + 1}") for k in range(args.repeat) for c in cells]
-    instances = max(c["instances"] for c in cells)
+    # One-instance cells first, while the process holds one runner: a second runner's graphs,
+    # once made, slow the first runner's small batches by ~45 us on the GPU for the rest of
+    # the process (diagnose_runner_state.py), and the profile was measured with one runner.
+    cells.sort(key=lambda c: c["instances"])
     with contextlib.ExitStack() as stack:
-        runners = [stack.enter_context(TorchEncoderRunner(model, max_batch=MAX_BATCH, max_seq_len=SEQ_LEN,
-                                                          cuda_graphs=True, record_gpu_time=True))
-                   for _ in range(instances)]
-        t0 = time.perf_counter()
-        for r in runners:
-            for b in range(1, MAX_BATCH + 1):
-                r.prepare(b, SEQ_LEN)
-        print(f"captured {sum(len(r.graph_shapes) for r in runners)} graphs in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        runners: list = []
+
+        def ensure_runners(n: int) -> None:
+            while len(runners) < n:
+                t0 = time.perf_counter()
+                r = stack.enter_context(TorchEncoderRunner(model, max_batch=MAX_BATCH, max_seq_len=SEQ_LEN,
+                                                           cuda_graphs=True, record_gpu_time=True))
+                for b in range(1, MAX_BATCH + 1):
+                    r.prepare(b, SEQ_LEN)
+                runners.append(r)
+                print(f"runner {len(runners)}: captured {len(r.graph_shapes)} graphs in "
+                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+
         done, skipped = [], []
         for cell in cells:
             cell_dir = out / "cells" / cell["name"]
@@ -151,6 +158,7 @@ def main(argv=None) -> int:
             trace = Trace.from_arrivals(arrivals, seq_len=np.full(len(arrivals), SEQ_LEN))
             requests = Requests.from_trace(trace)
             policy = build_policy(cell["policy"], dict(cell["params"]))
+            ensure_runners(cell["instances"])
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
