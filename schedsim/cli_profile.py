@@ -156,30 +156,6 @@ class _RichStepProgress:
         self._p.console.print(text)
 
 
-class _PlainStepProgress:
-    """Phase lines and a line every tenth of a phase, for logs (stderr is not a terminal)."""
-
-    def __init__(self):
-        self._name, self._total, self._next, self._t0 = "", 1, 0, 0.0
-
-    def phase(self, name, total):
-        import time
-
-        self._name, self._total, self._next, self._t0 = name, max(total, 1), 0, time.perf_counter()
-        print(f"[llm profile] {name}: {total} to do", file=sys.stderr, flush=True)
-
-    def update(self, completed, text=""):
-        import time
-
-        if completed >= self._next:
-            print(f"[llm profile] {self._name}: {completed}/{self._total} "
-                  f"({time.perf_counter() - self._t0:.0f} s) {text}", file=sys.stderr, flush=True)
-            self._next = completed + max(self._total // 10, 1)
-
-    def note(self, text):
-        print(f"[llm profile] {text}", file=sys.stderr, flush=True)
-
-
 @app.command("llm")
 def llm(
     model: Annotated[str, typer.Option(help="builtin:llama-1b or builtin:llama-tiny (random weights).")] = "builtin:llama-1b",
@@ -192,24 +168,22 @@ def llm(
     min_samples: Annotated[Optional[int], typer.Option(help="Samples per step composition to aim for (default 15; 5 with --quick).")] = None,
     max_time_s: Annotated[Optional[float], typer.Option(help="Cap on the sampling rounds, s (default 240; 3 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, token ids and the visiting order.")] = 0,
+    warm_shapes: Annotated[bool, typer.Option("--warm-shapes", help="Time steps with a prefill chunk at their nominal length, warm (run before). Default: each sample moves the chunk a few tokens, to a step length the engine has not run yet, as a server meets new prompt lengths.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Step-profile CSV to write (the JSON sidecar goes next to it).")] = None,
 ):
     """Measure LLM engine steps (prefill chunks, decodes, mixed) into a step profile."""
-    from schedsim.llm.step_profiler import StepProfileSpec, run_step_profile
+    from schedsim.llm.step_profiler import PlainStepProgress, run_step_profile, spec_from_flags
     from schedsim.profiler import Interrupted
 
     if out is None:
         raise InputError("--out is required: the step-profile CSV to write")
-    spec = StepProfileSpec(
+    spec = spec_from_flags(
         model=model, dtype=dtype, device=device, cuda_graphs=cuda_graphs, block_size=block_size,
-        max_context=max_context, quick=quick,
-        warmup_calls=1 if quick else 2,
-        min_samples=min_samples if min_samples is not None else (5 if quick else 15),
-        max_time_s=max_time_s if max_time_s is not None else (3.0 if quick else 240.0),
-        swap_blocks=64 if quick else 512, seed=seed)
+        max_context=max_context, quick=quick, min_samples=min_samples, max_time_s=max_time_s,
+        seed=seed, fresh_shapes=not warm_shapes)
     try:
         with (_RichStepProgress(_err) if _err.is_terminal
-              else contextlib.nullcontext(_PlainStepProgress())) as bar:
+              else contextlib.nullcontext(PlainStepProgress())) as bar:
             outcome = run_step_profile(spec, out, bar)
     except Interrupted as exc:
         o = exc.outcome

@@ -239,9 +239,9 @@ def test_static_padding_falls_back_to_the_null_block_when_the_pool_is_full(model
 def test_step_log_records_each_steps_composition(model):
     from schedsim.llm.live import STEP_COLUMNS, composition
 
-    assert composition([5, 1, 1, 3], [0, 7, 20, 4]) == (4, 10, 2, 8, 5 * 0 + 15 + 3 * 4 + 6, 4, 2, 20)
-    assert composition([1], [3]) == (1, 1, 0, 0, 0, 0, 1, 3)
-    assert composition([4], [0])[-1] == -1
+    assert composition([5, 1, 1, 3], [0, 7, 20, 4]) == (4, 10, 2, 8, 5 * 0 + 15 + 3 * 4 + 6, 4, 2, 20, 8 + 21)
+    assert composition([1], [3]) == (1, 1, 0, 0, 0, 0, 1, 3, 4)
+    assert composition([4], [0])[-2:] == (-1, 0)
     name, params = CASES["paged-recompute"]
     req = burst()
     result, extra = live(model, req, name, **params)
@@ -254,6 +254,9 @@ def test_step_log_records_each_steps_composition(model):
     dec = np.asarray(steps["decode_rows"])
     np.testing.assert_array_equal(np.asarray(steps["prefill_rows"]) + dec, result.step_seqs)
     assert ((np.asarray(steps["decode_max_context"]) >= 0) == (dec > 0)).all()
+    kv = np.asarray(steps["decode_kv_tokens"])
+    assert ((kv > 0) == (dec > 0)).all() and (kv <= dec * (np.asarray(steps["decode_max_context"]) + 1)).all()
+    assert (kv >= dec).all()
     assert len(steps["prefill_attention"]) == n and (np.asarray(steps["prefill_attention"]) >= 0).all()
 
 

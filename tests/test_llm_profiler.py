@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from schedsim.llm.step_profiler import Composition, step_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("prefill_seqs,prefill_chunk,prefill_context,decode_seqs,decode_context,"
+COLUMNS = ("prefill_seqs,prefill_chunk,prefill_context,decode_seqs,decode_context,decode_kv_tokens,"
            "latency_ms_mean,latency_ms_p50,latency_ms_p90,latency_ms_p99,latency_ms_std,n")
 
 
@@ -66,5 +66,10 @@ def test_grid_covers_what_the_simulator_asks():
     assert max(c.prefill_chunk for c in pre) == 8192 and max(c.longest for c in pre) == 196608
     assert mixed and all(c.kv_tokens <= 1 << 21 for c in grid)
     assert Composition(0, 0, 0, 256, 8000).blocks(16) == 256 * 501
+    # Decodes with mixed contexts, at graph batch sizes and beside a prefill chunk.
+    spread = [c for c in grid if c.decode_contexts]
+    assert {c.decode_seqs for c in spread if c.kind == "decode"} >= {4, 32, 256}
+    assert any(c.kind == "mixed" for c in spread)
+    assert all(c.decode_kv_tokens < c.decode_seqs * (c.decode_context + 1) for c in spread)
     # Capped contexts drop what does not fit.
     assert max(c.longest for c in step_grid(4096)) <= 4096

@@ -122,7 +122,7 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     """
     import csv
 
-    from schedsim.llm.cost import StepCostModel, load_step_profile, step_features
+    from schedsim.llm.cost import KV_FEATURE, StepCostModel, load_step_profile, real_kv_tokens, step_features
     from schedsim.llm.shapes import context_blocks_array, graph_batch_array
 
     with open(steps_csv, newline="") as f:
@@ -142,8 +142,17 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     padded = np.where(graph == 1, graph_batch_array(col["n_rows"], sizes), 0)
     width = np.where(graph == 1, context_blocks_array(np.maximum(top, 1), bs) * bs, 0)
     dwidth = np.where(col["decode_rows"] > 0, -(-top // bs) * bs, 0)
+    real_kv, kv_from = None, None
+    if cost.fit.features[-1] == KV_FEATURE:
+        # The decode rows' KV tokens summed; a log without that column (runs 1-4) gives every
+        # decode row the longest one's context, an upper bound.
+        if "decode_kv_tokens" in rows[0]:
+            kv, kv_from = np.array([int(r["decode_kv_tokens"]) for r in rows]), "decode_kv_tokens"
+        else:
+            kv, kv_from = col["decode_rows"] * top, "decode_rows x (decode_max_context + 1), an upper bound"
+        real_kv = real_kv_tokens(col["decode_rows"], kv, bs)
     feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
-                          col["prefill_context"], col["decode_rows"], dwidth)
+                          col["prefill_context"], col["decode_rows"], dwidth, real_kv)
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
     # A fit with the host time per composition prices the whole engine call (host and GPU),
     # what engine_ms times live; else the forward pass, against its CUDA-event time.
@@ -155,6 +164,8 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     start = np.array([float(r["start_s"]) for r in rows])
     host_us = (np.append(np.diff(start), np.nan) * 1e3 - col["gpu_ms"]) * 1e3
     out = {"model_step_overhead_us": cost.overhead_ns / 1e3, "step_err_against": "engine_ms" if with_host else "gpu_ms"}
+    if kv_from:
+        out["step_real_kv_from"] = kv_from
     for kind, mask in (("graph", graph == 1), ("eager", graph == 0)):
         e = err[mask & np.isfinite(err) & (meas > 0)]
         h = host_us[mask & np.isfinite(host_us)]
@@ -172,7 +183,10 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=HERE / "results")
     ap.add_argument("--sim-only", action="store_true", help="print the predictions only")
     ap.add_argument("--smoke", action="store_true", help="analyze run_h200.py --smoke's CPU output")
+    ap.add_argument("--profile", type=Path, help="the step profile to predict with (default: the committed one)")
     args = ap.parse_args(argv)
+    global PROFILE
+    PROFILE = args.profile.resolve() if args.profile else PROFILE
     cells_mod = load_cells()
     if args.prepare:
         prepare(cells_mod)

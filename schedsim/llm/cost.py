@@ -31,7 +31,26 @@ is there because the engine runs attention once per prefill chunk (a fixed cost 
 chunk and layer, beside the per-token and per-pair terms), and the sum of prefill
 contexts because a chunk over cached tokens first reads (and repeats for grouped-query
 attention) its whole context, whatever the chunk's length: a 16-token chunk over 188k
-cached tokens takes 44 ms on the H200. The coefficients
+cached tokens takes 44 ms on the H200.
+
+*Real KV tokens* (only for a profile with the :data:`KV_COLUMN` column, which says how
+many tokens the decode rows really hold when their contexts differ): one more term, for
+graph and eager steps alike::
+
+    + k n_decode m,    m = ceil(sum over decode rows of (context + 1) / n_decode), rounded up
+
+The engine gathers each decode row's blocks into a buffer padded to the longest row with
+the null block: the gather *reads* each row's own blocks (the null block's many entries
+read one cached block), while the padded buffer is written and attention reads all of
+it. So a batch that mixes short and long contexts costs less than the padded width
+(``W`` or ``D``) says: the padded terms price the writes and the attention, this one the
+real reads. Measured decode compositions with mixed contexts separate the two. The mean
+length is rounded up (to an 8th of its power of two, :func:`_kv_quantum`), not each
+row's, so that in a run of decode steps the term changes once in many steps (:meth:`StepCostModel.decode_run_segments`
+prices each constant stretch once). A profile without the column is fitted with the
+features above alone, exactly as before it existed.
+
+The coefficients
 (:data:`FEATURES`, ms per unit) are fitted by non-negative least squares
 on relative error (each row weighted by 1 / its latency) to the profile's mean
 latencies. :func:`step_features` computes the features from a step's summary with
@@ -54,7 +73,8 @@ composition, in the order measured:
     the step has ``prefill_seqs`` identical prefill chunks of ``prefill_chunk`` tokens
     (>= 2), each over ``prefill_context`` tokens already cached (0, 0, 0 for none);
 ``decode_seqs, decode_context``
-    plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens;
+    plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens (with
+    :data:`KV_COLUMN`: the longest decode row's context, which sets the padded width);
 ``latency_ms_mean, latency_ms_p50, latency_ms_p90, latency_ms_p99, latency_ms_std, n``
     the step's measured time (forward pass, ms) and how many steps were timed;
 ``host_overhead_ms_p50`` (optional)
@@ -63,6 +83,10 @@ composition, in the order measured:
     per composition, and the sidecar's single ``step_overhead_us`` is not added: that one
     number is a median over all compositions, and the host work grows with the rows
     and block-table entries packed (on the H200 from 0.32-0.44 ms for 1-8 decodes to 2.8 ms for 256 at context 8,000).
+``decode_kv_tokens`` (optional, :data:`KV_COLUMN`)
+    the KV tokens the decode rows attend over, summed: ``sum of (context + 1)``, between
+    ``decode_seqs`` and ``decode_seqs * (decode_context + 1)`` (equal to the latter when
+    every row has the longest context). With it the model has the real-KV term above.
 
 The sidecar (schema ``schedsim.step_profile/1``) holds provenance (device, backend,
 torch version, model, dtype, cuda_graphs, date, command) and what the model reads:
@@ -101,6 +125,10 @@ COLUMNS = COMPOSITION + LATENCY + ("latency_ms_std", "n")
 """Required columns of a step profile CSV, in the order written."""
 HOST_COLUMN = "host_overhead_ms_p50"
 """Optional column: host time per step outside the forward pass (see the module docstring)."""
+KV_COLUMN = "decode_kv_tokens"
+"""Optional column: the decode rows' KV tokens, sum of (context + 1) (see the module docstring)."""
+OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN)
+"""Optional columns, in the order written."""
 
 GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
 """Captured batch sizes sharing one per-gathered-token rate (inclusive ranges of G)."""
@@ -109,7 +137,9 @@ FEATURES = ("graph_step", "graph_batch",
             *(f"graph_kv_tokens_g{lo}_{hi if hi < 1 << 30 else 'up'}" for lo, hi in GRAPH_CLASSES),
             "eager_step", "eager_tokens", "eager_prefill_seqs", "eager_prefill_attention",
             "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens")
-"""Names of the model's features, in :func:`step_features` order."""
+"""Names of the model's features, in :func:`step_features` order, for a profile without :data:`KV_COLUMN`."""
+KV_FEATURE = "decode_real_kv_tokens"
+"""The feature a profile with :data:`KV_COLUMN` adds, last."""
 
 HELD_OUT_EVERY = 5
 SPLIT_RULE = "rows in file order; row i (0-based) held out when i % 5 == 4, the rest fitted"
@@ -122,22 +152,58 @@ class ContextExtrapolationWarning(UserWarning):
 
 # ----------------------------------------------------------------------------- features
 
+def features_of(columns) -> tuple[str, ...]:
+    """The features a profile's table supports: :data:`FEATURES`, plus :data:`KV_FEATURE`
+    when it has :data:`KV_COLUMN`."""
+    return FEATURES + (KV_FEATURE,) if KV_COLUMN in columns else FEATURES
+
+
 def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention,
-                  prefill_context, decode_seqs, decode_width):
-    """The features (:data:`FEATURES`) of steps given their summary.
+                  prefill_context, decode_seqs, decode_width, real_kv=None):
+    """The features (:data:`FEATURES`, then :data:`KV_FEATURE` when ``real_kv`` is given)
+    of steps given their summary.
 
     Arguments are Python integers (one step) or int64 arrays (many); arithmetic only, so
     both give the same numbers. ``graph`` is 1 for a graph step, else 0; ``padded_batch``
     and ``graph_width`` are G and W of a graph step; ``tokens``, ``prefill_seqs``,
     ``prefill_attention``, ``prefill_context``, ``decode_seqs`` and ``decode_width`` (D)
-    describe an eager step (module docstring).
+    describe an eager step; ``real_kv`` is :func:`real_kv_tokens` of the decode rows, of
+    either kind of step (module docstring).
     """
     eager = 1 - graph
     gathered = graph * padded_batch * graph_width
-    return (graph, graph * padded_batch,
-            *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES),
-            eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
-            eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width)
+    feats = (graph, graph * padded_batch,
+             *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES),
+             eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
+             eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width)
+    return feats if real_kv is None else feats + (real_kv,)
+
+
+KV_STEPS_PER_OCTAVE = 8
+"""The real-KV term's resolution: the mean length is rounded up to an 8th of its power of two."""
+
+
+def real_kv_tokens(decode_seqs, kv_tokens, block_size):
+    """The real-KV feature: decode rows times their mean KV length (``kv_tokens`` summed
+    over them) rounded up by :func:`_kv_quantum`; 0 without decode rows. Integers or int64 arrays."""
+    if isinstance(decode_seqs, np.ndarray):
+        mean = -(-kv_tokens // np.maximum(decode_seqs, 1))
+        blocks = np.maximum(mean - 1, 0)
+        octave = np.left_shift(np.int64(1), np.frexp(blocks)[1].astype(np.int64))  # 1 << bit_length
+        return decode_seqs * _round_up(mean, np.maximum(octave // KV_STEPS_PER_OCTAVE, block_size))
+    if not decode_seqs:
+        return 0
+    mean = -(-kv_tokens // decode_seqs)
+    return decode_seqs * _round_up(mean, _kv_quantum(mean, block_size))
+
+
+def _kv_quantum(mean: int, block_size: int) -> int:
+    """What the mean KV length is rounded up to: an 8th of the power of two at or above it
+    (at most 12.5%), at least a block. Coarser than a block so that a run of decode steps,
+    whose mean grows by one token a step, keeps one price for many steps: the simulator
+    prices a run per constant stretch, and a stretch per 16 steps made it 13% slower on
+    the Azure conversation trace, one per 1/8 octave 10%."""
+    return max((1 << (mean - 1).bit_length()) // KV_STEPS_PER_OCTAVE, block_size)
 
 
 def _combine(coef, feats):
@@ -154,13 +220,14 @@ def _round_up(x, block_size):
 
 def _summary_of_lists(num_tokens: list, context: list) -> tuple:
     """(tokens, decodes, longest decode context + 1 or 0, longest prefill context + chunk,
-    prefill query-key pairs, prefill contexts summed) of a step's rows, in Python ints (a
-    short step)."""
-    tokens = nd = dmax = top = attention = pctx = 0
+    prefill query-key pairs, prefill contexts summed, decode contexts + 1 summed) of a
+    step's rows, in Python ints (a short step)."""
+    tokens = nd = dmax = top = attention = pctx = kv = 0
     for q, c in zip(num_tokens, context):
         tokens += q
         if q == 1:
             nd += 1
+            kv += c
             if c >= dmax:
                 dmax = c + 1
         else:
@@ -168,7 +235,7 @@ def _summary_of_lists(num_tokens: list, context: list) -> tuple:
             pctx += c
             if q + c > top:
                 top = q + c
-    return tokens, nd, dmax, top, attention, pctx
+    return tokens, nd, dmax, top, attention, pctx, kv + nd
 
 
 def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
@@ -176,6 +243,7 @@ def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
     decode = num_tokens == 1
     nd = int(np.count_nonzero(decode))
     dmax = int(context.max(where=decode, initial=-1)) + 1
+    kv = int(context.sum(where=decode, dtype=np.int64)) + nd
     top = attention = pctx = 0
     if nd < num_tokens.shape[0]:
         # Python ints over the (few) prefill chunks: exact, and cheaper than numpy on short lists.
@@ -184,11 +252,12 @@ def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
             attention += q * c + q * (q + 1) // 2
             pctx += c
             top = max(top, q + c)
-    return int(num_tokens.sum()), nd, dmax, top, attention, pctx
+    return int(num_tokens.sum()), nd, dmax, top, attention, pctx, kv
 
 
 def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> tuple:
-    """:func:`step_features` arguments for every row of a step profile (int64 arrays)."""
+    """:func:`step_features` arguments for every row of a step profile (int64 arrays);
+    ``real_kv`` only when the table has :data:`KV_COLUMN`."""
     ps, pc, pctx, ds, dctx = (np.asarray(columns[c], dtype=np.int64) for c in COMPOSITION)
     top = dctx + 1
     if graph_sizes:
@@ -200,7 +269,11 @@ def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ..
     tokens = ps * pc + ds
     attention = ps * (pc * pctx + pc * (pc + 1) // 2)
     dwidth = np.where(ds > 0, _round_up(top, block_size), 0)
-    return graph, padded, width, tokens, ps, attention, ps * pctx, ds, dwidth
+    summary = (graph, padded, width, tokens, ps, attention, ps * pctx, ds, dwidth)
+    if KV_COLUMN not in columns:
+        return summary
+    kv = np.asarray(columns[KV_COLUMN], dtype=np.int64)
+    return summary + (real_kv_tokens(ds, kv, block_size),)
 
 
 def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> np.ndarray:
@@ -369,6 +442,8 @@ def _validate_table(data: dict, src: str, lines) -> dict:
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"{loc(i, HOST_COLUMN)}: {str(raw[i]).strip()!r} must be a finite number >= 0 (ms)")
         out[HOST_COLUMN] = num
+    if KV_COLUMN in data:
+        out[KV_COLUMN] = _validated_kv_tokens(data[KV_COLUMN], out, loc)
     for lo, hi in (("latency_ms_p50", "latency_ms_p90"), ("latency_ms_p90", "latency_ms_p99")):
         bad = out[lo] > out[hi]
         if bad.any():
@@ -385,7 +460,8 @@ def _validate_table(data: dict, src: str, lines) -> dict:
         raise InputError(f"{loc(i, 'prefill_chunk')}: {out['prefill_chunk'][i]} must be >= 2 when prefill_seqs > 0 "
                          "(a one-token row is a decode)")
     seen: dict = {}
-    for i, key in enumerate(zip(*(out[c].tolist() for c in COMPOSITION))):
+    key_columns = COMPOSITION + ((KV_COLUMN,) if KV_COLUMN in out else ())
+    for i, key in enumerate(zip(*(out[c].tolist() for c in key_columns))):
         if key in seen:
             first = seen[key]
             first_at = f"line {int(lines[first])}" if lines is not None else f"row {first}"
@@ -394,6 +470,21 @@ def _validate_table(data: dict, src: str, lines) -> dict:
     for v in out.values():
         v.flags.writeable = False
     return out
+
+
+def _validated_kv_tokens(raw, out: dict, loc) -> np.ndarray:
+    """:data:`KV_COLUMN` as int64: an integer from ``decode_seqs`` (every row at context 0)
+    to ``decode_seqs * (decode_context + 1)`` (every row at the longest)."""
+    num = np.array([_number(v) for v in raw.tolist()], dtype=np.float64)
+    ds, dc = out["decode_seqs"], out["decode_context"]
+    bad = ~np.isfinite(num) | (num != np.round(num))
+    if not bad.any():
+        bad = (num < ds) | (num > ds * (dc + 1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{loc(i, KV_COLUMN)}: {str(raw[i]).strip()!r} must be an integer from decode_seqs "
+                         f"({ds[i]}) to decode_seqs * (decode_context + 1) ({ds[i] * (dc[i] + 1)})")
+    return num.astype(np.int64)
 
 
 def _validate_meta(meta, src: str) -> dict:
@@ -444,7 +535,7 @@ def save_step_profile(profile: StepProfile, path: str | os.PathLike) -> StepProf
     with replaced_atomically(path) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f, lineterminator="\n")
-            names = COLUMNS + ((HOST_COLUMN,) if HOST_COLUMN in profile.columns else ())
+            names = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c in profile.columns)
             w.writerow(names)
             cols = [profile.columns[c].tolist() for c in names]
             for row in zip(*cols):
@@ -475,7 +566,7 @@ class StepFit:
     split: str = SPLIT_RULE
     """How rows were split."""
     features: tuple[str, ...] = FEATURES
-    """Feature names."""
+    """Feature names (:func:`features_of` the table fitted)."""
     table_sha256: str = ""
     """:func:`table_digest` of what was fitted: a sidecar fit with the same digest is this fit."""
     target: str = "latency_ms_mean"
@@ -501,8 +592,9 @@ def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -
     the feature set. A sidecar fit recorded under the same digest need not be redone."""
     import hashlib
 
-    h = hashlib.sha256(repr((FEATURES, SPLIT_RULE, int(block_size), tuple(graph_sizes))).encode())
-    for c in COLUMNS + ((HOST_COLUMN,) if HOST_COLUMN in columns else ()):
+    h = hashlib.sha256(repr((features_of(columns), SPLIT_RULE, int(block_size), tuple(graph_sizes))).encode())
+    # Host then KV: a table without the KV column hashes as it did before the column existed.
+    for c in COLUMNS + tuple(c for c in (HOST_COLUMN, KV_COLUMN) if c in columns):
         h.update(np.ascontiguousarray(columns[c], dtype=np.float64).tobytes())
     return h.hexdigest()
 
@@ -520,15 +612,16 @@ def stored_fit(profile: "StepProfile") -> StepFit | None:
     """The sidecar's fit, if it was made from this very table with today's features
     (it then equals what :func:`fit_step_profile` returns, and spares importing scipy)."""
     rec = profile.meta.get("fit")
-    if not isinstance(rec, dict) or rec.get("features") != list(FEATURES):
+    features = features_of(profile.columns)
+    if not isinstance(rec, dict) or rec.get("features") != list(features):
         return None
     digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes)
     coefs = rec.get("coefficients_ms")
     if rec.get("table_sha256") != digest or not isinstance(coefs, dict):
         return None
     try:
-        coef = np.array([float(coefs[f]) for f in FEATURES])
-        return StepFit(coefficients=coef, mape_pct=float(rec["mape_pct"]),
+        coef = np.array([float(coefs[f]) for f in features])
+        return StepFit(coefficients=coef, features=features, mape_pct=float(rec["mape_pct"]),
                        max_abs_err_pct=float(rec["max_abs_err_pct"]),
                        train_mape_pct=float(rec["train_mape_pct"]), n_train=int(rec["n_train"]),
                        n_heldout=int(rec["n_heldout"]), heldout=heldout_rows(len(profile)),
@@ -581,7 +674,8 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     held_err = err[held]
     return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
                    train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
-                   heldout=held, table_sha256=table_digest(table.columns, bs, sizes), target=target)
+                   heldout=held, features=features_of(table.columns),
+                   table_sha256=table_digest(table.columns, bs, sizes), target=target)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -620,7 +714,13 @@ class StepCostModel:
         self.overhead_ns = 0.0 if fit.includes_host else float(profile.meta.get("step_overhead_us") or 0.0) * 1e3
         self.extrapolated = False
         """Whether any step so far attended beyond :attr:`max_context_measured` (warned once)."""
-        self._coef = [float(c) for c in fit.coefficients]
+        coef = [float(c) for c in fit.coefficients]
+        # The real-KV term, where the fit has it and gave it a weight; a zero weight adds
+        # nothing, and leaving it out keeps decode runs one price per padded width.
+        self._real_kv = fit.features[-1] == KV_FEATURE and coef[-1] != 0.0
+        if fit.features[-1] == KV_FEATURE and not self._real_kv:
+            coef.pop()
+        self._coef = coef
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     @classmethod
@@ -647,21 +747,23 @@ class StepCostModel:
         if n == 0:
             raise ValueError("step_ns: a step needs at least one row")
         if n < SMALL:
-            tokens, nd, dmax, top, attention, pctx = _summary_of_lists(num_tokens.tolist(), context.tolist())
+            tokens, nd, dmax, top, attention, pctx, kv = _summary_of_lists(num_tokens.tolist(), context.tolist())
         else:
-            tokens, nd, dmax, top, attention, pctx = _summary_of_arrays(num_tokens, context)
+            tokens, nd, dmax, top, attention, pctx, kv = _summary_of_arrays(num_tokens, context)
         bs = self.block_size
+        real = real_kv_tokens(nd, kv, bs) if self._real_kv else 0
         if nd == n:   # decode-only
             if dmax > self.max_context_measured:
                 self._beyond(dmax)
-            x = self._decode_x(n, self._decode_width(n, dmax))
+            x = self._decode_x(n, self._decode_width(n, dmax), real)
         else:
             dwidth = _round_up(dmax, bs) if nd else 0
             top = max(top, dmax)
             if top > self.max_context_measured:
                 self._beyond(top)
             s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
-            x = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
+            feats = step_features(*s, real) if self._real_kv else step_features(*s)
+            x = _combine(self._coef, feats) * 1e6 + self.overhead_ns
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
         return round(x)
@@ -685,7 +787,38 @@ class StepCostModel:
         n = context.shape[0]
         if n == 0:
             raise ValueError("decode_run_ns: a step needs at least one row")
-        top = int_max(context) + 1
+        if not self._real_kv:
+            return self._width_segments(n, int_max(context) + 1, k)
+        if n < SMALL:
+            values = context.tolist()
+            top, kv = max(values) + 1, sum(values) + n
+        else:
+            top, kv = int(context.max()) + 1, int(context.sum()) + n   # int32 sums in int64
+        if top + k - 1 > self.max_context_measured:
+            self._beyond(top + k - 1)
+        # As _width_segments, and the real-KV term changes where the rows' mean length
+        # (up by one a step) crosses its rounding (_kv_quantum).
+        counts, prices = [], []
+        end = top + k
+        bs = self.block_size
+        mean = -(-kv // n)
+        rounded = _round_up(mean, _kv_quantum(mean, bs))
+        width = self._decode_width(n, top)
+        while True:
+            stop = min(width + 1, end, top + rounded - mean + 1)
+            counts.append(stop - top)
+            prices.append(round(self._decode_x(n, width, n * rounded)))
+            if stop == end:
+                return counts, prices
+            mean += stop - top
+            top = stop
+            if mean > rounded:
+                rounded = _round_up(mean, _kv_quantum(mean, bs))
+            if top > width:
+                width = self._decode_width(n, top)
+
+    def _width_segments(self, n: int, top: int, k: int) -> tuple[list[int], list[int]]:
+        """:meth:`decode_run_segments` without the real-KV term: one price per padded width."""
         if top + k - 1 > self.max_context_measured:
             self._beyond(top + k - 1)
         # The price changes only where the padded width does (every block, or at powers of
@@ -696,7 +829,7 @@ class StepCostModel:
             width = self._decode_width(n, top)
             stop = min(width + 1, end)   # the steps whose longest context + 1 is at most width
             counts.append(stop - top)
-            prices.append(round(self._decode_x(n, width)))
+            prices.append(round(self._decode_x(n, width, 0)))
             top = stop
         return counts, prices
 
@@ -707,18 +840,25 @@ class StepCostModel:
             return context_blocks(top, self.block_size) * self.block_size
         return _round_up(top, self.block_size)
 
-    def _decode_x(self, n: int, width: int) -> float:
-        """Unrounded ns of a decode-only step of ``n`` rows gathering ``width`` tokens (memoised:
-        a run prices the same few shapes over and over)."""
-        key = (n, width)
-        x = self._decode_memo.get(key)
-        if x is None:
-            if len(self._decode_memo) >= 1 << 16:   # eager steps over ever longer contexts
-                self._decode_memo.clear()
-            padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
-            s = (1, padded, width, 0, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, 0, n, width)
-            x = self._decode_memo[key] = _combine(self._coef, step_features(*s)) * 1e6 + self.overhead_ns
-        return x
+    def _decode_x(self, n: int, width: int, real: int) -> float:
+        """Unrounded ns of a decode-only step of ``n`` rows gathering ``width`` tokens, ``real``
+        of them the rows' own (:func:`real_kv_tokens`; 0 without the term)."""
+        t = self._decode_memo.get((n, width))
+        if t is None:
+            t = self._decode_ms_padded(n, width)
+        if self._real_kv:   # the last term of _combine's sum, added last as there: the same float
+            t = t + self._coef[-1] * real
+        return t * 1e6 + self.overhead_ns
+
+    def _decode_ms_padded(self, n: int, width: int) -> float:
+        """ms of a decode-only step before the real-KV term: :func:`_combine` of every other
+        feature. Memoised: a run prices the same few shapes over and over."""
+        if len(self._decode_memo) >= 1 << 16:   # eager steps over ever longer contexts
+            self._decode_memo.clear()
+        padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
+        s = (1, padded, width, 0, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, 0, n, width)
+        t = self._decode_memo[(n, width)] = _combine(self._coef, step_features(*s))
+        return t
 
     def _swap_ns(self, blocks: int) -> float:
         if self.swap_gb_per_s is None:

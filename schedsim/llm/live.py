@@ -60,7 +60,7 @@ from schedsim.policy import NEVER, Requests
 from schedsim.results import COMPLETED, FAILED, QUEUED, RUNNING, PolicyError
 
 STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
-                "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "graph",
+                "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "decode_kv_tokens", "graph",
                 "schedule_us", "swap_ms", "engine_ms", "gpu_ms", "host_ms", "status", "error")
 """Columns of the live step table (DIR/live_steps.csv); times in s from the trace start.
 
@@ -68,7 +68,8 @@ The step's composition, over the rows the engine ran (what the step cost model o
 :mod:`schedsim.llm.cost` prices): ``n_rows``, ``tokens``; prefill rows (more than one
 token, ``q`` tokens over ``c`` cached): ``prefill_rows``, ``prefill_tokens`` (sum of q),
 ``prefill_attention`` (sum of ``q * c + q * (q + 1) // 2``), ``prefill_context`` (sum of
-c); decodes: ``decode_rows`` and ``decode_max_context`` (their longest c, -1 if none);
+c); decodes: ``decode_rows``, ``decode_max_context`` (their longest c, -1 if none) and
+``decode_kv_tokens`` (the sum of their c + 1: the keys each attends over);
 ``graph``: the engine replayed a CUDA graph.
 
 ``schedule_us``: from the step's start (before ``schedule``) to the engine call (forming
@@ -136,10 +137,10 @@ class PromptTokens:
 
 def composition(ntok: list, ctx: list, live: list | None = None) -> tuple:
     """(n_rows, tokens, prefill_rows, prefill_tokens, prefill_attention, prefill_context,
-    decode_rows, decode_max_context) of a step's rows ``live`` (all when None); see
+    decode_rows, decode_max_context, decode_kv_tokens) of a step's rows ``live`` (all when None); see
     :data:`STEP_COLUMNS`."""
     idx = range(len(ntok)) if live is None else live
-    tokens = pre_rows = pre_tokens = attention = pre_ctx = dec = 0
+    tokens = pre_rows = pre_tokens = attention = pre_ctx = dec = kv = 0
     dmax = -1
     for i in idx:
         q, c = int(ntok[i]), int(ctx[i])
@@ -152,7 +153,8 @@ def composition(ntok: list, ctx: list, live: list | None = None) -> tuple:
         else:
             dec += 1
             dmax = max(dmax, c)
-    return len(idx), tokens, pre_rows, pre_tokens, attention, pre_ctx, dec, dmax
+            kv += c + 1
+    return len(idx), tokens, pre_rows, pre_tokens, attention, pre_ctx, dec, dmax, kv
 
 
 def _stats(x) -> dict:

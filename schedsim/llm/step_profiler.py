@@ -2,7 +2,9 @@
 
 A *composition* is the shape of one engine step as the cost model sees it: ``prefill_seqs``
 identical prefill chunks of ``prefill_chunk`` tokens, each over ``prefill_context`` cached
-tokens, plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens.
+tokens, plus ``decode_seqs`` decodes, each over ``decode_context`` cached tokens, or over
+contexts spread up to ``decode_context`` (*mixed contexts*, as a live batch has: the CSV's
+``decode_kv_tokens`` then counts the tokens the decode rows really hold).
 :func:`run_step_profile` builds a :class:`~schedsim.engines.llm_engine.PagedLLMEngine`
 with one KV pool large enough for the largest composition, gives every row its own
 blocks, and times whole steps:
@@ -14,6 +16,21 @@ blocks, and times whole steps:
 3. *sampling*: rounds that visit every composition in a fresh random order (as
    :func:`schedsim.measure.interleaved` does for batch sizes), so drift spreads over all
    of them, until each has ``min_samples`` samples or ``max_time_s`` has passed.
+
+*Fresh shapes* (the default; ``fresh_shapes=False``, ``--warm-shapes``, times the nominal
+shape every time). A server meets a prompt length it has not run before at nearly every
+prefill, and an eager step of a new length costs more the first time: its GEMMs have a
+new M (the step's token count), and cuBLAS(Lt) picks a kernel per new (M, N, K) with a
+heuristic query on the host, cached afterwards (the first call of a fresh length cost
+0.6-5.6 ms more on the H200 with no cudaMalloc and no cuDNN,
+experiments/fidelity-llm/diagnose_first_call.json). So each sample of a composition with
+a prefill chunk moves its chunk(s) by a few tokens, to the nearest step token count the
+engine has not run yet, alternately above and below the nominal chunk so that the mean
+stays at it (the CSV keeps the nominal chunk). The band is ``jitter_tokens(chunk)``:
++-8 tokens at small chunks, where a step's cost hardly depends on its length, up to +-64
+at 256 tokens and more (3% of a 2048 chunk). When compositions sharing a token count have
+used up their band (small chunks over many contexts), a sample runs the nominal, warm
+shape; the sidecar counts those (``sampling.fresh_shapes``).
 
 A sample is the CUDA-event time of one step, from the copy of its inputs to the device
 to the copy of its next tokens back (host time on the CPU); the host time around the
@@ -32,7 +49,9 @@ decode batches 1..256 at the CUDA-graph sizes and a few between them, contexts 1
 powers of two of blocks, so whether a caller counts a decode's own token in
 :func:`~schedsim.llm.shapes.context_blocks` or not, the padded width is the same.
 
-Imports neither simpy nor the simulator: it runs on a measuring machine with numpy and torch.
+Imports neither simpy nor the simulator: it runs on a measuring machine with numpy and torch
+(scipy for the sidecar's fit). ``python -m schedsim.llm.step_profiler`` takes the same flags
+as ``schedsim profile llm`` without typer and rich (:func:`main`).
 """
 
 from __future__ import annotations
@@ -42,7 +61,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,7 +70,7 @@ import numpy as np
 from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
-from schedsim.llm.cost import HOST_COLUMN
+from schedsim.llm.cost import HOST_COLUMN, KV_COLUMN
 from schedsim.measure import gpu_state, machine_metadata, summarize
 from schedsim.profiler import Interrupted, Outcome
 
@@ -70,6 +89,13 @@ DECODE_CONTEXTS = (16, 100, 250, 500, 1000, 2000, 3000, 4000, 6000, 8000, 16000,
                    64000, 128000, 196607)
 DECODE_BETWEEN = (3, 20, 100, 200)
 """Decode batch sizes between graph sizes: they run padded to the next graph size."""
+SPREAD_BATCHES = (4, 16, 32, 64, 128, 256)
+"""Decode batch sizes measured with mixed contexts."""
+SPREADS = ((100, 2000, 1), (100, 8000, 1), (100, 8000, 3), (1000, 32000, 1), (16, 128000, 3))
+"""(shortest, longest, power): mixed decode contexts, shortest + (longest - shortest) x^power
+for x evenly in [0, 1] (power 3: most rows short, a few long, as live batches often are)."""
+MIXED_SPREAD_DECODES = (32, 128)
+"""Decodes with mixed contexts beside one 512-token chunk (eager steps)."""
 BETWEEN_CONTEXTS = (100, 1000, 4000)
 PREFILL_CHUNKS = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
 PREFILL_CONTEXTS = (0, 1000, 4000, 16000, 64000, 128000, 188416)
@@ -92,6 +118,42 @@ class Composition:
     prefill_context: int = 0
     decode_seqs: int = 0
     decode_context: int = 0
+    """The longest decode row's context (every row's, unless ``decode_contexts`` says otherwise)."""
+    decode_contexts: tuple[int, ...] = ()
+    """Each decode row's context when they differ (mixed contexts), the longest
+    ``decode_context``; () when every row has ``decode_context``."""
+
+    def __post_init__(self):
+        dc = self.decode_contexts
+        if dc and (len(dc) != self.decode_seqs or max(dc) != self.decode_context or min(dc) < 0):
+            raise ValueError(f"decode_contexts: {len(dc)} contexts up to {max(dc)} for decode_seqs="
+                             f"{self.decode_seqs} up to decode_context={self.decode_context}")
+
+    @classmethod
+    def spread(cls, decodes: int, shortest: int, longest: int, power: float = 1,
+               prefill: tuple[int, int, int] = (0, 0, 0)) -> "Composition":
+        """``decodes`` rows with contexts ``shortest + (longest - shortest) x^power``, x evenly
+        in [0, 1], beside ``prefill`` (seqs, chunk, context)."""
+        x = np.linspace(0.0, 1.0, decodes) ** power
+        contexts = tuple(int(c) for c in np.round(shortest + (longest - shortest) * x))
+        return cls(*prefill, decodes, max(contexts), contexts)
+
+    @property
+    def row_contexts(self) -> tuple[int, ...]:
+        """Each decode row's context."""
+        return self.decode_contexts or (self.decode_context,) * self.decode_seqs
+
+    @property
+    def decode_kv_tokens(self) -> int:
+        """KV tokens the decode rows attend over: the sum of their contexts + 1."""
+        if self.decode_contexts:
+            return sum(self.decode_contexts) + self.decode_seqs
+        return self.decode_seqs * (self.decode_context + 1)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the step computes (the M of its GEMMs)."""
+        return self.prefill_seqs * self.prefill_chunk + self.decode_seqs
 
     @property
     def kind(self) -> str:
@@ -108,20 +170,24 @@ class Composition:
 
     @property
     def kv_tokens(self) -> int:
-        return (self.prefill_seqs * (self.prefill_context + self.prefill_chunk)
-                + self.decode_seqs * (self.decode_context + 1))
+        return self.prefill_seqs * (self.prefill_context + self.prefill_chunk) + self.decode_kv_tokens
 
-    def blocks(self, block_size: int) -> int:
-        """KV blocks the step's rows hold (each row its own)."""
-        return (self.prefill_seqs * -(-(self.prefill_context + self.prefill_chunk) // block_size)
-                + self.decode_seqs * -(-(self.decode_context + 1) // block_size))
+    def blocks(self, block_size: int, extra_chunk: int = 0) -> int:
+        """KV blocks the step's rows hold (each row its own), with room for prefill chunks
+        ``extra_chunk`` tokens longer (fresh-shape samples)."""
+        prefill = self.prefill_context + self.prefill_chunk + extra_chunk
+        return (self.prefill_seqs * -(-prefill // block_size)
+                + sum(-(-(c + 1) // block_size) for c in self.row_contexts))
 
     @property
     def label(self) -> str:
         parts = []
         if self.prefill_seqs:
             parts.append(f"{self.prefill_seqs}x prefill {self.prefill_chunk}@{self.prefill_context}")
-        if self.decode_seqs:
+        if self.decode_contexts:
+            parts.append(f"{self.decode_seqs}x decode @{min(self.decode_contexts)}.."
+                         f"{self.decode_context} ({self.decode_kv_tokens} KV tokens)")
+        elif self.decode_seqs:
             parts.append(f"{self.decode_seqs}x decode @{self.decode_context}")
         return " + ".join(parts)
 
@@ -136,7 +202,8 @@ def step_grid(max_context: int, *, quick: bool = False,
     if quick:
         grid = ([Composition(decode_seqs=b, decode_context=c) for b in (1, 3, 8) for c in (16, 100)]
                 + [Composition(1, q, c) for q in (16, 64) for c in (0, 60)]
-                + [Composition(2, 32, 0), Composition(1, 32, 0, 4, 100)])
+                + [Composition(2, 32, 0), Composition(1, 32, 0, 4, 100),
+                   Composition.spread(8, 16, 100), Composition.spread(4, 16, 100, 1, (1, 32, 0))])
     else:
         grid = [Composition(decode_seqs=b, decode_context=c)
                 for b in CUDA_GRAPH_BATCH_SIZES for c in DECODE_CONTEXTS]
@@ -147,6 +214,9 @@ def step_grid(max_context: int, *, quick: bool = False,
         grid += [Composition(s, q, pc, b, dc) for s, q in MIXED_PREFILL
                  for pc in MIXED_PREFILL_CONTEXTS for b in MIXED_DECODES
                  for dc in MIXED_DECODE_CONTEXTS]
+        grid += [Composition.spread(b, *spread) for b in SPREAD_BATCHES for spread in SPREADS]
+        grid += [Composition.spread(b, *SPREADS[i], prefill=(1, 512, 0))
+                 for b in MIXED_SPREAD_DECODES for i in (1, 2)]
     return [c for c in grid if c.longest <= max_context and c.kv_tokens <= kv_token_budget]
 
 
@@ -180,6 +250,9 @@ class StepProfileSpec:
     """A visit takes back-to-back samples until about this long (1 to 8 samples)."""
     swap_blocks: int = 512
     """Blocks per swap copy timed for ``swap_gb_per_s``."""
+    fresh_shapes: bool = True
+    """Time each sample of a step with a prefill chunk at a token count the engine has not
+    run before, as a server meets it (module docstring); False: the nominal shape, warm."""
     seed: int = 0
     """Seed for weights, token ids and the visiting order."""
 
@@ -201,6 +274,27 @@ class StepProfileSpec:
             return [c if isinstance(c, Composition) else Composition(*c) for c in self.compositions]
         return step_grid(self.max_context, quick=self.quick)
 
+    def jitter(self, c: Composition) -> int:
+        """How far (tokens, in all) a sample may move the composition's prefill chunks."""
+        return jitter_tokens(c.prefill_chunk) if self.fresh_shapes and c.prefill_seqs else 0
+
+
+def jitter_tokens(chunk: int) -> int:
+    """Half-width of the band of token counts a fresh-shape sample of a ``chunk``-token
+    prefill picks from: +-8 at small chunks (a step's cost hardly depends on their length),
+    a quarter of the chunk up to +-64 (3% of 2048), and never below 2 tokens a chunk."""
+    return max(0, min(max(8, chunk // 4), 64, chunk - 2))
+
+
+def spec_from_flags(*, quick: bool = False, min_samples: int | None = None,
+                    max_time_s: float | None = None, **flags) -> StepProfileSpec:
+    """The spec the command line asks for: ``--quick`` samples less where no flag says."""
+    return StepProfileSpec(
+        quick=quick, warmup_calls=1 if quick else 2,
+        min_samples=min_samples if min_samples is not None else (5 if quick else 15),
+        max_time_s=max_time_s if max_time_s is not None else (3.0 if quick else 240.0),
+        swap_blocks=64 if quick else 512, **flags)
+
 
 class StepProgress:
     """Callbacks the profiler makes; the default does nothing."""
@@ -210,15 +304,76 @@ class StepProgress:
     def note(self, text: str) -> None: ...
 
 
+class PlainStepProgress(StepProgress):
+    """Phase lines and a line every tenth of a phase on stderr, for logs."""
+
+    def __init__(self):
+        self._name, self._total, self._next, self._t0 = "", 1, 0, 0.0
+
+    def phase(self, name, total):
+        self._name, self._total, self._next, self._t0 = name, max(total, 1), 0, time.perf_counter()
+        print(f"[llm profile] {name}: {total} to do", file=sys.stderr, flush=True)
+
+    def update(self, completed, text=""):
+        if completed >= self._next:
+            print(f"[llm profile] {self._name}: {completed}/{self._total} "
+                  f"({time.perf_counter() - self._t0:.0f} s) {text}", file=sys.stderr, flush=True)
+            self._next = completed + max(self._total // 10, 1)
+
+    def note(self, text):
+        print(f"[llm profile] {text}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class _Cell:
     comp: Composition
     rows: list
+    """The engine rows at the nominal shape; prefill rows hold ``jitter`` more tokens (and blocks)."""
+    jitter: int = 0
+    """Tokens a fresh-shape sample may move the prefill chunks by, in all (0: never)."""
     gpu_ms: list = field(default_factory=list)
     host_ms: list = field(default_factory=list)
     graph: bool = False
     per_visit: int = 1
     error: str | None = None
+    drift: int = 0
+    """Sum of the fresh-shape moves so far: the next one leans the other way."""
+    fresh: int = 0
+    """Samples taken at a fresh token count."""
+
+    def nominal_rows(self) -> list:
+        return self.rows_moved(0) if self.jitter else self.rows
+
+    def rows_moved(self, delta: int) -> list:
+        """The rows with the prefill chunks ``delta`` tokens longer in all (spread evenly)."""
+        s, q = self.comp.prefill_seqs, self.comp.prefill_chunk
+        if not s:
+            return self.rows
+        moved = [replace(r, tokens=r.tokens[:q + delta // s + (i < delta % s)])
+                 for i, r in enumerate(self.rows[:s])]
+        return moved + self.rows[s:]
+
+
+class _FreshShapes:
+    """Step token counts the engine has run eagerly; picks an unseen one for each sample."""
+
+    def __init__(self, cells: list[_Cell]):
+        # Decode graphs replay captured kernels: their token counts choose nothing.
+        self.seen = {c.comp.tokens for c in cells if not c.graph}
+
+    def move(self, cell: _Cell) -> int:
+        """The smallest move of the cell's chunks, within its jitter, to an unseen token
+        count: first on the side that brings the cell's mean move back to 0; 0 (the warm
+        nominal shape) when the band is used up."""
+        toward = -1 if cell.drift > 0 else 1
+        for side in (toward, -toward):
+            for d in range(side, side * (cell.jitter + 1), side):
+                if cell.comp.tokens + d not in self.seen:
+                    self.seen.add(cell.comp.tokens + d)
+                    cell.drift += d
+                    cell.fresh += 1
+                    return d
+        return 0
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -254,8 +409,8 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     if not grid:
         raise InputError(f"--max-context {spec.max_context}: leaves no composition to measure")
     bs = spec.block_size
-    num_blocks = max(max(c.blocks(bs) for c in grid), spec.swap_blocks) + 1
-    max_ctx = max(c.longest for c in grid)
+    num_blocks = max(max(c.blocks(bs, spec.jitter(c)) for c in grid), spec.swap_blocks) + 1
+    max_ctx = max(c.longest + spec.jitter(c) for c in grid)
     command = command or shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     progress = progress or StepProgress()
     rng = np.random.default_rng(spec.seed)
@@ -272,7 +427,8 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
             with PagedLLMEngine(name, num_blocks, bs, device, dtype, spec.cuda_graphs, spec.seed,
                                 max_context=max_ctx) as eng:
                 describe, kv_bytes = eng.describe(), eng.kv_bytes_per_token
-                cells = [_Cell(c, _rows(c, bs, cfg.vocab, rng, EngineRow)) for c in grid]
+                cells = [_Cell(c, _rows(c, bs, cfg.vocab, rng, EngineRow, spec.jitter(c)), spec.jitter(c))
+                         for c in grid]
                 _prepare_all(eng, cells, failed, progress, is_out_of_memory, torch)
                 live = [c for c in cells if c.error is None]
                 _warm_up(eng, live, spec, rng, progress)
@@ -303,11 +459,12 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     return outcome
 
 
-def _rows(c: Composition, bs: int, vocab: int, rng: np.random.Generator, EngineRow) -> list:
-    """The engine rows of a composition, each with its own blocks (sequential from 1)."""
+def _rows(c: Composition, bs: int, vocab: int, rng: np.random.Generator, EngineRow, extra: int = 0) -> list:
+    """The engine rows of a composition, each with its own blocks (sequential from 1); the
+    prefill rows ``extra`` tokens longer (:meth:`_Cell.rows_moved` cuts them)."""
     rows, nxt = [], 1
-    specs = ([(c.prefill_chunk, c.prefill_context)] * c.prefill_seqs
-             + [(1, c.decode_context)] * c.decode_seqs)
+    specs = ([(c.prefill_chunk + extra, c.prefill_context)] * c.prefill_seqs
+             + [(1, ctx) for ctx in c.row_contexts])
     for n, ctx in specs:
         nb = -(-(ctx + n) // bs)
         rows.append(EngineRow(rng.integers(1, vocab, size=n), ctx, np.arange(nxt, nxt + nb)))
@@ -322,7 +479,7 @@ def _prepare_all(eng, cells, failed, progress, is_oom, torch) -> None:
     for done, i in enumerate(order, 1):
         cell = cells[i]
         try:
-            eng.execute(cell.rows)
+            eng.execute(cell.nominal_rows())
             cell.graph = eng.last_graph
         except Exception as exc:  # noqa: BLE001 - out of memory: skip this composition
             if not is_oom(exc):
@@ -349,8 +506,9 @@ def _warm_up(eng, cells, spec: StepProfileSpec, rng, progress) -> None:
     for done, i in enumerate(rng.permutation(len(cells)), 1):
         cell = cells[i]
         best = float("inf")
+        rows = cell.nominal_rows()
         for _ in range(max(spec.warmup_calls, 1)):
-            best = min(best, _timed(eng, cell.rows)[1])
+            best = min(best, _timed(eng, rows)[1])
         cell.per_visit = int(np.clip(spec.visit_ms // max(best, 1e-3), 1, 8))
         progress.update(done, cell.comp.label)
 
@@ -360,6 +518,7 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
     target = spec.min_samples
     progress.phase("sampling", len(cells) * target)
     deadline = time.perf_counter_ns() + int(spec.max_time_s * 1e9)
+    fresh = _FreshShapes(cells)
     while min(len(c.gpu_ms) for c in cells) < target:
         if time.perf_counter_ns() >= deadline:
             extras["truncated"] = True
@@ -367,7 +526,8 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
         for i in rng.permutation(len(cells)):
             cell = cells[i]
             for _ in range(cell.per_visit):
-                gpu, host = _timed(eng, cell.rows)
+                rows = cell.rows_moved(fresh.move(cell)) if cell.jitter else cell.rows
+                gpu, host = _timed(eng, rows)
                 cell.gpu_ms.append(gpu)
                 cell.host_ms.append(host)
         extras["rounds"] += 1
@@ -405,11 +565,12 @@ def _prepare_times(eng, cells, reps: int = 50) -> dict:
         if not of_kind:
             continue
         cell = max(of_kind, key=lambda c: (len(c.rows), c.comp.kv_tokens))
-        eng.prepare(cell.rows)
+        rows = cell.nominal_rows()
+        eng.prepare(rows)
         t = []
         for _ in range(reps):
             t0 = time.perf_counter_ns()
-            eng.prepare(cell.rows)
+            eng.prepare(rows)
             t.append(time.perf_counter_ns() - t0)
         out[kind] = {"composition": cell.comp.label, "median_us": float(np.median(t)) * 1e-3}
     return out
@@ -458,6 +619,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
     for c in sampled:
         st = summarize(c.gpu_ms)
         row = dict(zip(KEY_COLUMNS, c.comp.key()))
+        row[KV_COLUMN] = c.comp.decode_kv_tokens
         row.update({k: st[k] for k in STAT_COLUMNS})
         rows.append(row)
         spread.append(st["latency_ms_std"] / st["latency_ms_mean"] if st["latency_ms_mean"] else 0.0)
@@ -536,7 +698,8 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
                    if is_cuda else "latency_ms_* are host times of one execute() call (CPU)"),
         "attention": ("prefill chunks: one SDPA call per row over context + chunk (lower-right "
                       "causal); decodes: blocks gathered into a padded [rows, width, kv_heads, "
-                      "head_dim], one SDPA call with a length mask; graph steps pad the batch to "
+                      "head_dim] (rows shorter than the longest read the null block for the "
+                      "rest), one SDPA call with a length mask; graph steps pad the batch to "
                       "the next CUDA-graph size and the width to a power of two of blocks >= 16 "
                       "(schedsim.llm.shapes)"),
         "sampling": {
@@ -545,6 +708,8 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
             "warmup_calls": spec.warmup_calls, "min_samples": spec.min_samples,
             "max_time_s": spec.max_time_s, "visit_ms": spec.visit_ms,
             "rounds": extras.get("rounds", 0), "truncated": extras.get("truncated", False),
+            "shapes": "fresh" if spec.fresh_shapes else "warm",
+            "fresh_shapes": _fresh_record(spec, sampled),
         },
         "stability": {
             "unstable_compositions": unstable,
@@ -574,7 +739,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
     with replaced_atomically(out) as tmp:
         with open(tmp, "w", newline="") as f:
             host = (HOST_COLUMN,) if rows and HOST_COLUMN in rows[0] else ()
-            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + STAT_COLUMNS + host))
+            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + (KV_COLUMN,) + STAT_COLUMNS + host))
             w.writeheader()
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -590,6 +755,25 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
             meta["fit_skipped"] = why
         write_json(sidecar, meta)
     return Outcome(out, complete, len(rows), warnings, _first_line(error) if error else None)
+
+
+def _fresh_record(spec: StepProfileSpec, cells) -> dict:
+    """How many samples of steps with a prefill chunk ran at a token count new to the engine."""
+    eager = [c for c in cells if c.comp.prefill_seqs]
+    samples = sum(len(c.gpu_ms) for c in eager)
+    fresh = sum(c.fresh for c in eager)
+    return {
+        "what": ("each sample of a step with a prefill chunk moves its chunks (in all) by the "
+                 "smallest amount within +-jitter_tokens(chunk) to a step token count the engine "
+                 "has not run, alternately up and down (prefill_chunk in the CSV is the nominal "
+                 "chunk); a sample whose band is used up runs the nominal (warm) shape"
+                 if spec.fresh_shapes else
+                 "--warm-shapes: every sample at the nominal shape, which the engine has run before"),
+        "jitter_tokens": "max(0, min(max(8, chunk // 4), 64, chunk - 2))",
+        "samples": samples, "fresh_samples": fresh, "warm_samples": samples - fresh,
+        "compositions_all_fresh": sum(1 for c in eager if c.gpu_ms and c.fresh == len(c.gpu_ms)),
+        "mean_move_tokens_max_abs": max((abs(c.drift) / len(c.gpu_ms) for c in eager if c.gpu_ms), default=0.0),
+    }
 
 
 def _drift(cells) -> dict | None:
@@ -618,3 +802,40 @@ def _cpu_name() -> str:
 
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``schedsim profile llm`` for a measuring machine without typer and rich (plain progress)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m schedsim.llm.step_profiler",
+                                 description="Measure LLM engine steps into a step profile "
+                                             "(the flags of `schedsim profile llm`).")
+    ap.add_argument("--model", default="builtin:llama-1b")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-context", type=int, default=196608)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--min-samples", type=int, default=None)
+    ap.add_argument("--max-time-s", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm-shapes", dest="fresh_shapes", action="store_false")
+    ap.add_argument("--out", type=Path, required=True)
+    args = vars(ap.parse_args(argv))
+    out = args.pop("out")
+    try:
+        outcome = run_step_profile(spec_from_flags(**args), out, PlainStepProgress())
+    except InputError as exc:
+        print(f"schedsim: error: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted:
+        return 130
+    for w in outcome.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"wrote {outcome.path} ({outcome.cells} step compositions)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

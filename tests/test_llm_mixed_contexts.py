@@ -1,0 +1,235 @@
+"""Decode rows with mixed contexts (the real-KV term) and fresh prefill shapes in the step profiler.
+
+Predictions of old-format profiles are pinned to what the cost model gave before the
+``decode_kv_tokens`` column existed (recorded with that version, 2026-11-30).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from schedsim.errors import InputError
+from schedsim.llm.cost import (COLUMNS, FEATURES, KV_COLUMN, KV_FEATURE, StepCostModel, StepProfile,
+                               feature_matrix, fit_step_profile, load_step_profile, real_kv_tokens,
+                               save_step_profile, stored_fit)
+from schedsim.llm.runner import default_step_profile_path
+from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
+
+from test_llm_cost import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions
+
+CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 32000, 1000))),
+         ([1] * 300, [7 * i for i in range(300)]), ([512], [0]), ([2048, 1, 1, 1], [8000, 100, 5000, 900]),
+         ([16] + [1] * 60, [37 * i for i in range(61)])]
+BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the change
+    "synthetic": ([855072, 1021840, 9302608, 8080400, 3705784, 18219349, 3031580], 221407360),
+    "committed": ([2367520, 3240276, 37783926, 33252542, 9996194, 24033997, 13809660], 738787088,
+                  "6ca05ad659bf71c2"),
+}
+
+
+def _prices(model):
+    steps = [model.step_ns(np.array(q, np.int32), np.array(c, np.int32)) for q, c in CASES]
+    return steps, int(model.decode_run_ns(np.array([10, 500, 4000], np.int32), 200).sum())
+
+
+def test_old_format_profiles_price_as_before():
+    model = StepCostModel.from_profile(load_step_profile(SYNTHETIC))
+    assert model.fit.features == FEATURES
+    assert _prices(model) == BEFORE["synthetic"]
+
+
+def test_committed_profile_prices_as_before():
+    prof = load_step_profile(default_step_profile_path())
+    if KV_COLUMN in prof.columns:
+        pytest.skip("the committed profile was re-measured with decode_kv_tokens")
+    model = StepCostModel.from_profile(prof)
+    steps, run, digest = BEFORE["committed"]
+    if not model.fit.table_sha256.startswith(digest):
+        pytest.skip("the committed profile changed since the predictions were recorded")
+    assert stored_fit(prof) is not None      # the sidecar's fit still matches: same features, same digest
+    assert _prices(model) == (steps, run)
+
+
+# -- the real-KV term ---------------------------------------------------------------------
+
+KV_TRUE = np.append(TRUE_COEF, 6e-6)   # ms per real KV token read (the rounded mean)
+
+
+def _spread(n, lo, hi, power):
+    return [int(c) for c in np.round(lo + (hi - lo) * np.linspace(0, 1, n) ** power)]
+
+
+def mixed_columns(coef=KV_TRUE):
+    """The synthetic compositions with decode_kv_tokens, plus decodes with mixed contexts."""
+    rows = [(*r, r[3] * (r[4] + 1)) for r in compositions()]
+    for n in (4, 16, 32, 64, 128, 256, 300):
+        for lo, hi, power in ((100, 2000, 1), (100, 8000, 1), (100, 8000, 3), (16, 32000, 3)):
+            ctx = _spread(n, lo, hi, power)
+            rows.append((0, 0, 0, n, max(ctx), sum(ctx) + n))
+            if n in (32, 128):
+                rows.append((1, 512, 0, n, max(ctx), sum(ctx) + n))
+    cols = {c: np.array([r[i] for r in rows], np.int64) for i, c in enumerate(COLUMNS[:5])}
+    cols[KV_COLUMN] = np.array([r[5] for r in rows], np.int64)
+    mean = feature_matrix(cols, 16, CUDA_GRAPH_BATCH_SIZES) @ coef
+    cols.update(latency_ms_mean=mean, latency_ms_p50=mean, latency_ms_p90=mean * 1.02,
+                latency_ms_p99=mean * 1.05, latency_ms_std=mean * 0.01, n=np.full(len(rows), 50, np.int64))
+    return cols
+
+
+@pytest.fixture(scope="module")
+def mixed_model() -> StepCostModel:
+    return StepCostModel.from_profile(StepProfile.from_columns(mixed_columns(), SYNTHETIC_META))
+
+
+def test_fit_recovers_the_real_kv_coefficient(mixed_model):
+    fit = mixed_model.fit
+    assert fit.features == FEATURES + (KV_FEATURE,)
+    assert fit.mape_pct < 1e-3
+    np.testing.assert_allclose(fit.coefficients, KV_TRUE, rtol=1e-3, atol=1e-9)
+
+
+def test_mixed_batch_costs_less_than_its_padded_width(mixed_model):
+    ones = np.ones(32, np.int32)
+    uniform = mixed_model.step_ns(ones, np.full(32, 8000, np.int32))
+    mixed = np.array(_spread(32, 100, 8000, 3), np.int32)
+    skew = mixed_model.step_ns(ones, mixed)
+    real_saved = KV_TRUE[-1] * (real_kv_tokens(32, 32 * 8001, 16) - real_kv_tokens(32, int(mixed.sum()) + 32, 16))
+    assert uniform - skew == pytest.approx(real_saved * 1e6, abs=2)
+    # Without the column the same table prices both alike: only the padded width counts.
+    cols = {k: v for k, v in mixed_columns().items() if k != KV_COLUMN}
+    keep = np.flatnonzero(cols["decode_seqs"] * (cols["decode_context"] + 1) == mixed_columns()[KV_COLUMN])
+    plain = StepCostModel.from_profile(StepProfile.from_columns({k: v[keep] for k, v in cols.items()}, SYNTHETIC_META))
+    assert plain.step_ns(ones, np.full(32, 8000, np.int32)) == plain.step_ns(ones, mixed)
+
+
+@pytest.mark.parametrize("n,lo,hi,k", [(3, 10, 500, 700), (20, 1, 3000, 2500), (64, 5, 70, 3000), (300, 0, 9000, 600)])
+def test_decode_run_with_real_kv_equals_looped_steps(mixed_model, n, lo, hi, k):
+    context = np.array(_spread(n, lo, hi, 2), np.int32)
+    ones = np.ones(n, np.int32)
+    counts, prices = mixed_model.decode_run_segments(context, k)
+    assert sum(counts) == k and len(prices) < k / 8        # one price per stretch, not per step
+    assert mixed_model.decode_run_ns(context, k).tolist() == [mixed_model.step_ns(ones, context + j)
+                                                             for j in range(k)]
+
+
+def test_real_kv_tokens_scalar_and_array_agree():
+    n = np.array([1, 3, 32, 0, 7], np.int64)
+    for kv in range(0, 40000, 13):
+        arr = real_kv_tokens(n, np.where(n > 0, n * (kv + 1), 0), 16)
+        assert arr.tolist() == [real_kv_tokens(int(d), int(d) * (kv + 1), 16) for d in n]
+
+
+def test_kv_column_round_trips_and_is_validated(tmp_path):
+    saved = save_step_profile(StepProfile.from_columns(mixed_columns(), SYNTHETIC_META), tmp_path / "kv.csv")
+    assert saved.columns[KV_COLUMN].tolist() == mixed_columns()[KV_COLUMN].tolist()
+    assert stored_fit(saved) is not None and stored_fit(saved).features[-1] == KV_FEATURE
+    assert json.loads((tmp_path / "kv.json").read_text())["fit"]["features"][-1] == KV_FEATURE
+    cols = mixed_columns()
+    cols[KV_COLUMN] = cols[KV_COLUMN].copy()
+    i = int(np.flatnonzero(cols["decode_seqs"] == 4)[0])
+    cols[KV_COLUMN][i] = 4 * (cols["decode_context"][i] + 1) + 1   # more than every row at the longest
+    with pytest.raises(InputError, match=KV_COLUMN):
+        StepProfile.from_columns(cols, SYNTHETIC_META)
+
+
+def test_same_longest_context_different_kv_tokens_are_distinct_rows():
+    cols = mixed_columns()
+    key = list(zip(*(cols[c].tolist() for c in COLUMNS[:5])))
+    assert len(set(key)) < len(key)          # the table has such pairs, and it loads
+    assert len(fit_step_profile(cols).coefficients) == len(FEATURES) + 1
+
+
+# -- the profiler ------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def _profile(tmp_path, comps, **kw):
+    from schedsim.llm.step_profiler import StepProfileSpec, run_step_profile
+
+    spec = StepProfileSpec(model="builtin:llama-tiny", dtype="fp32", device="cpu", compositions=tuple(comps),
+                           warmup_calls=1, min_samples=6, max_time_s=30, visit_ms=1e-6, swap_blocks=8, **kw)
+    out = tmp_path / "p.csv"
+    run_step_profile(spec, out)
+    return load_step_profile(out), json.loads(out.with_suffix(".json").read_text())
+
+
+def test_profile_writes_mixed_contexts_with_their_real_kv_tokens(tmp_path):
+    from schedsim.llm.step_profiler import Composition
+
+    comps = [Composition(decode_seqs=4, decode_context=100), Composition.spread(8, 16, 300),
+             Composition.spread(8, 16, 300, 3), Composition.spread(4, 20, 200, 1, (1, 24, 0))]
+    prof, meta = _profile(tmp_path, comps, fresh_shapes=False)
+    c = prof.columns
+    assert c["decode_context"].tolist() == [100, 300, 300, 200]
+    expected = [4 * 101, sum(_spread(8, 16, 300, 1)) + 8, sum(_spread(8, 16, 300, 3)) + 8,
+                sum(_spread(4, 20, 200, 1)) + 4]
+    assert c[KV_COLUMN].tolist() == expected
+    assert meta["sampling"]["shapes"] == "warm" and meta["sampling"]["fresh_shapes"]["fresh_samples"] == 0
+
+
+class _Calls:
+    """Token counts of every step the engine runs, in order."""
+
+    def __init__(self, monkeypatch):
+        from schedsim.engines.llm_engine import PagedLLMEngine
+
+        self.tokens: list[tuple[int, ...]] = []
+        real = PagedLLMEngine.execute
+
+        def execute(engine, rows):
+            self.tokens.append(tuple(len(r.tokens) for r in rows))
+            return real(engine, rows)
+
+        monkeypatch.setattr(PagedLLMEngine, "execute", execute)
+
+    def new_prefill_steps(self) -> int:
+        """Steps with a prefill chunk whose token count no step had before."""
+        seen, new = set(), 0
+        for t in self.tokens:
+            if max(t) > 1 and sum(t) not in seen:
+                new += 1
+            seen.add(sum(t))
+        return new
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_fresh_shapes_give_every_prefill_sample_a_new_length(tmp_path, monkeypatch, fresh):
+    from schedsim.llm.step_profiler import Composition
+
+    calls = _Calls(monkeypatch)
+    comps = [Composition(1, 64, 0), Composition(1, 64, 100), Composition(2, 40, 0),
+             Composition(1, 48, 0, 3, 50), Composition(decode_seqs=2, decode_context=30)]
+    prof, meta = _profile(tmp_path, comps, fresh_shapes=fresh)
+    c = prof.columns
+    prefill = c["prefill_seqs"] > 0
+    samples = int(c["n"][prefill].sum())
+    nominal = {p.tokens for p in comps if p.prefill_seqs}
+    record = meta["sampling"]["fresh_shapes"]
+    assert c["prefill_chunk"].tolist() == [64, 64, 40, 48, 0]     # the CSV keeps the nominal chunks
+    if fresh:
+        # Every sample of a prefill step ran a token count the engine had not run before.
+        assert calls.new_prefill_steps() == len(nominal) + samples
+        assert record["fresh_samples"] == samples and record["warm_samples"] == 0
+        assert record["mean_move_tokens_max_abs"] <= 1.0         # moves alternate around the nominal chunk
+        assert meta["sampling"]["shapes"] == "fresh"
+    else:
+        assert calls.new_prefill_steps() == len(nominal)
+        assert {sum(t) for t in calls.tokens if max(t) > 1} == nominal
+        assert record["fresh_samples"] == 0
+
+
+def test_fresh_shapes_fall_back_to_the_nominal_shape_when_the_band_is_used_up(tmp_path, monkeypatch):
+    from schedsim.llm.step_profiler import Composition, jitter_tokens
+
+    calls = _Calls(monkeypatch)
+    comps = [Composition(1, 10, c) for c in (0, 20, 40)]   # one token count, a band of +-8
+    prof, meta = _profile(tmp_path, comps)
+    record = meta["sampling"]["fresh_shapes"]
+    assert jitter_tokens(10) == 8
+    assert record["fresh_samples"] == 16 and record["warm_samples"] == int(prof.columns["n"].sum()) - 16
+    lengths = {sum(t) for t in calls.tokens}
+    assert lengths == set(range(2, 19))                     # 10 +- 8, no chunk under 2 tokens
