@@ -55,9 +55,10 @@ class _Driver:
         # waiting, rows preempted) and its step's columns; the durations of repeated events.
         self.log: list[tuple] = []
         self.columns = _Columns()
-        # Durations of the steps of each repeated event: an array, or (price, repeats) when
-        # they all cost the same.
-        self.runs: list[np.ndarray | tuple[int, int]] = []
+        # Durations of the 2nd and later steps of each repeated event (its inter-token gaps),
+        # run-length encoded in event order: price i repeats run_counts[i] times.
+        self.run_prices: list[int] = []
+        self.run_counts: list[int] = []
         self.in_flight: tuple[int, Step] | None = None   # (repeats, step) of the running event
         self.sleeping = False
 
@@ -136,15 +137,10 @@ class _Driver:
                     repeats = min((self.next_arrival_ns - now - 1) // price + 1, repeats)
                 total = price * repeats
                 if repeats > 1:
-                    self.runs.append((price, repeats))
+                    self.run_prices.append(price)
+                    self.run_counts.append(repeats - 1)
             else:
-                durations = np.repeat(np.array(prices, dtype=np.int64), counts)
-                ends = durations.cumsum()
-                if self.next_arrival_ns < NEVER:
-                    repeats = min(int(ends.searchsorted(self.next_arrival_ns - now, side="left")) + 1, repeats)
-                total = int(ends[repeats - 1])
-                if repeats > 1:
-                    self.runs.append(durations[:repeats])
+                repeats, total = self._walk_segments(counts, prices, now)
             first_end = now + price
         else:
             repeats = 1
@@ -157,6 +153,28 @@ class _Driver:
         self.columns.add(step)
         self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
+
+    def _walk_segments(self, counts: list, prices: list, now: int) -> tuple[int, int]:
+        """A run of several prices (a handful of segments): where it stops (after the step
+        during which the next request arrives) and its total, walked in plain Python; records
+        the gaps after its first step."""
+        limit = self.next_arrival_ns - now if self.next_arrival_ns < NEVER else None
+        taken = total = 0
+        first = len(self.run_prices)
+        for c, p in zip(counts, prices):
+            stop = limit is not None and total + c * p >= limit
+            if stop:   # the first step of this segment ending at or after limit (at least one)
+                c = max(1, (limit - total + p - 1) // p) if p > 0 else 1
+            self.run_prices.append(p)
+            self.run_counts.append(c)
+            taken += c
+            total += c * p
+            if stop:
+                break
+        self.run_counts[first] -= 1                # the first step's gap is not a repeat's
+        if taken == 1:
+            del self.run_prices[first:], self.run_counts[first:]
+        return taken, total
 
     def _result(self) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
@@ -175,8 +193,7 @@ class _Driver:
         gaps = t.gaps_ns[measured[t.gap_rows]]
         emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
-        values = [gaps] + [np.full(run[1] - 1, run[0], np.int64) if type(run) is tuple else run[1:]
-                           for run in self.runs]
+        values = [gaps, np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))]
         counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
         itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts).astype(np.int64)
         keep = itl_count > 0
