@@ -266,3 +266,20 @@ def test_llama_1b_bf16_paged_equals_dense_on_cuda():
             assert handle.data.is_pinned()
             eng.swap_in(handle, [400, 401, 402])
             assert torch.equal(eng.kv[:, :, [400, 401, 402]], eng.kv[:, :, tables[1][:3]])
+
+
+def test_steps_run_in_inference_mode_as_the_profiler_measures_them(model, monkeypatch):
+    """The step profiler times the engine under torch.inference_mode(); a live step must run
+    the same way, or an eager step's host-side dispatch costs differ between the two."""
+    seen = []
+    with _engine(model) as eng:
+        forward = eng._forward
+
+        def spy(*args, **kw):
+            seen.append(torch.is_inference_mode_enabled())
+            return forward(*args, **kw)
+
+        monkeypatch.setattr(eng, "_forward", spy)
+        assert not torch.is_inference_mode_enabled()
+        eng.execute([EngineRow(_tokens(np.random.default_rng(1), 5), 0, [1])])
+    assert seen == [True]

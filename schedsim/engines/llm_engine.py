@@ -475,28 +475,31 @@ class PagedLLMEngine:
                                          pin_memory=self._pin)
         host_in = p.host_t
         host_out = self._host_out[:n]
-        if not self.is_cuda:
-            with torch.no_grad():
+        # Inference mode, as serving engines run (vLLM's model runner does), and as the step
+        # profiler has always measured: an eager step launches hundreds of small kernels from
+        # Python, and autograd's view and version tracking under plain no_grad costs host time
+        # on each of them.
+        with torch.inference_mode():
+            if not self.is_cuda:
                 logits = self._forward(self._views(host_in.to(self.device), p), p)
                 host_out.copy_(logits.argmax(-1))
-            self.last_logits, self.last_graph = logits, False
-            return host_out.numpy().copy()
-        g = self._graph(p) if p.graph_key is not None else None
-        with torch.cuda.stream(self._stream):
-            self._ev_start.record(self._stream)
-            if g is not None:
-                g.inputs.copy_(host_in, non_blocking=True)
-                g.graph.replay()
-                logits, next_tok = g.logits, g.next_tokens
-            else:
-                dev = host_in.to(self.device, non_blocking=True)
-                with torch.no_grad():
+                self.last_logits, self.last_graph = logits, False
+                return host_out.numpy().copy()
+            g = self._graph(p) if p.graph_key is not None else None
+            with torch.cuda.stream(self._stream):
+                self._ev_start.record(self._stream)
+                if g is not None:
+                    g.inputs.copy_(host_in, non_blocking=True)
+                    g.graph.replay()
+                    logits, next_tok = g.logits, g.next_tokens
+                else:
+                    dev = host_in.to(self.device, non_blocking=True)
                     logits = self._forward(self._views(dev, p), p)
                     next_tok = logits.argmax(-1)
-            host_out.copy_(next_tok[:n], non_blocking=True)
-            self._ev_end.record(self._stream)
-        self._stream.synchronize()
-        self.last_logits, self.last_graph = logits[:n], g is not None
+                host_out.copy_(next_tok[:n], non_blocking=True)
+                self._ev_end.record(self._stream)
+            self._stream.synchronize()
+            self.last_logits, self.last_graph = logits[:n], g is not None
         return host_out.numpy().copy()
 
     def _graph(self, p: _Prepared) -> _Graph | None:
@@ -513,7 +516,7 @@ class PagedLLMEngine:
         views = self._views(inputs, p)
         torch.cuda.synchronize(self.device)
         try:
-            with torch.no_grad():
+            with torch.inference_mode():
                 with torch.cuda.stream(self._stream):
                     self._forward(views, p, graph=True).argmax(-1)  # warm-up: kernel choice, workspaces
                 self._stream.synchronize()
