@@ -6,9 +6,10 @@ of docs/examples/, so paths written as from the repository root work unchanged):
 - ```console blocks: every ``$ `` line is a command (continuation lines start with
   ``> ``), run in page order: plain ``schedsim ...`` commands through the CLI's entry
   point, in one subprocess per page (imports cost ~1 s a process); anything else by
-  bash. It must exit 0 and print the first output line the page shows under it
-  (``...`` in that line stands for any text). Output starting with
-  ``schedsim: error:`` means it must instead exit 2 and print that line on stderr.
+  bash. It must exit 0 and print every output line the page shows under it, in order
+  (``...`` in a line stands for any text; a line of only ``...`` for lines left out), so
+  figures quoted from a run cannot drift. Output starting with ``schedsim: error:``
+  means it must instead exit 2 and print that line on stderr.
 - ```python blocks: run with this interpreter, in the same directory, in page order.
 - A block right after ``<!-- not-run -->`` is only shown (installs, downloads).
 - A block right after ``<!-- file: PATH -->`` must equal the file PATH, which is
@@ -63,6 +64,40 @@ def console_steps(body: str):
     if command is not None:
         steps.append((command, expected))
     return steps
+
+
+def console_outputs(body: str) -> list[list[str]]:
+    """The output lines shown under each ``$`` command of a block (stripped, non-empty), in
+    the order of :func:`console_steps`."""
+    outs: list[list[str]] = []
+    in_command = False
+    for line in body.splitlines():
+        if line.startswith("$ "):
+            outs.append([])
+            in_command = True
+        elif outs and in_command and line.startswith("> "):
+            continue
+        elif outs and line.strip():
+            in_command = False
+            outs[-1].append(line.strip())
+    return outs
+
+
+def _missing_line(expected: list[str], output: str) -> str | None:
+    """The first shown line that ``output`` does not print, in order ("..." matches any
+    text; a line that is only "..." stands for lines left out); None if all are there."""
+    printed = [line.strip() for line in output.splitlines()]
+    at = 0
+    for want in expected:
+        if want == "...":
+            continue
+        pattern = re.compile(".*?".join(re.escape(part) for part in want.split("...")))
+        while at < len(printed) and not pattern.search(printed[at]):
+            at += 1
+        if at == len(printed):
+            return want
+        at += 1
+    return None
 
 
 def _shows(expected: str, output: str) -> bool:
@@ -139,7 +174,7 @@ def run_page(page: str, workdir: Path) -> list[str]:
                 continue
             if lang != "console":
                 continue
-            for command, expected in console_steps(body):
+            for (command, expected), shown in zip(console_steps(body), console_outputs(body)):
                 proc = run_command(command)
                 wants_error = expected is not None and expected.startswith("schedsim: error:")
                 stream = proc.stderr if wants_error else proc.stdout
@@ -148,6 +183,11 @@ def run_page(page: str, workdir: Path) -> list[str]:
                 elif expected is not None and not _shows(expected, stream):
                     failures.append(f"{page}: `{command}` did not print {expected!r}; it printed:\n"
                                     f"{stream[:2000]}")
+                elif (missing := _missing_line(shown, stream)) is not None:
+                    # Every line a page shows must still be printed (or be marked "..."):
+                    # figures quoted from a run must not drift from what the run gives.
+                    failures.append(f"{page}: `{command}` no longer prints the shown line {missing!r}; "
+                                    f"it printed:\n{stream[:2000]}")
     finally:
         worker.stdin.close()
         worker.wait(timeout=COMMAND_TIMEOUT_S)
@@ -206,3 +246,13 @@ def test_own_policy_example(name):
 
 def test_own_policy_example_has_a_golden_log():
     assert "test_golden_decision_log" in EXAMPLE_TESTS
+
+
+def test_every_shown_output_line_is_checked_in_order():
+    body = "$ run\n> --flag\nfirst 1.0\n ...\nthird 3.0\n$ other\n"
+    assert console_outputs(body) == [["first 1.0", "...", "third 3.0"], []]
+    printed = "first 1.0 \nsecond 2.0\nthird 3.0\n"
+    assert _missing_line(["first 1.0", "...", "third 3.0"], printed) is None
+    assert _missing_line(["first 1.0", "third 3.1"], printed) == "third 3.1"
+    assert _missing_line(["third 3.0", "first 1.0"], printed) == "first 1.0"   # order matters
+    assert _missing_line(["first ...", "thi...0"], printed) is None
