@@ -7,6 +7,7 @@ Predictions of old-format profiles are pinned to what the cost model gave before
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,6 @@ from schedsim.errors import InputError
 from schedsim.llm.cost import (COLUMNS, FEATURES, KV_COLUMN, KV_FEATURE, StepCostModel, StepProfile,
                                feature_matrix, fit_step_profile, load_step_profile, real_kv_tokens,
                                save_step_profile, stored_fit)
-from schedsim.llm.runner import default_step_profile_path
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
 
 from test_llm_cost import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions
@@ -23,6 +23,8 @@ from test_llm_cost import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions
 CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 32000, 1000))),
          ([1] * 300, [7 * i for i in range(300)]), ([512], [0]), ([2048, 1, 1, 1], [8000, 100, 5000, 900]),
          ([16] + [1] * 60, [37 * i for i in range(61)])]
+PREVIOUS_PROFILE = Path(__file__).resolve().parents[1] / "experiments" / "llm_profile" / \
+    "llama-1b-bf16-h200-steps-previous.csv"
 BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the change
     "synthetic": ([855072, 1021840, 9302608, 8080400, 3705784, 18219349, 3031580], 221407360),
     "committed": ([2367520, 3240276, 37783926, 33252542, 9996194, 24033997, 13809660], 738787088,
@@ -41,14 +43,13 @@ def test_old_format_profiles_price_as_before():
     assert _prices(model) == BEFORE["synthetic"]
 
 
-def test_committed_profile_prices_as_before():
-    prof = load_step_profile(default_step_profile_path())
-    if KV_COLUMN in prof.columns:
-        pytest.skip("the committed profile was re-measured with decode_kv_tokens")
+def test_previous_committed_profile_prices_as_before():
+    # The profile committed before the re-measurement with decode_kv_tokens, kept for comparison.
+    prof = load_step_profile(PREVIOUS_PROFILE)
+    assert KV_COLUMN not in prof.columns
     model = StepCostModel.from_profile(prof)
     steps, run, digest = BEFORE["committed"]
-    if not model.fit.table_sha256.startswith(digest):
-        pytest.skip("the committed profile changed since the predictions were recorded")
+    assert model.fit.table_sha256.startswith(digest)
     assert stored_fit(prof) is not None      # the sidecar's fit still matches: same features, same digest
     assert _prices(model) == (steps, run)
 

@@ -188,8 +188,8 @@ def real_kv_tokens(decode_seqs, kv_tokens, block_size):
     over them) rounded up by :func:`_kv_quantum`; 0 without decode rows. Integers or int64 arrays."""
     if isinstance(decode_seqs, np.ndarray):
         mean = -(-kv_tokens // np.maximum(decode_seqs, 1))
-        blocks = np.maximum(mean - 1, 0)
-        octave = np.left_shift(np.int64(1), np.frexp(blocks)[1].astype(np.int64))  # 1 << bit_length
+        # _kv_quantum on arrays: 1 << (mean - 1).bit_length() via frexp's exponent.
+        octave = np.left_shift(np.int64(1), np.frexp(np.maximum(mean - 1, 0))[1].astype(np.int64))
         return decode_seqs * _round_up(mean, np.maximum(octave // KV_STEPS_PER_OCTAVE, block_size))
     if not decode_seqs:
         return 0
@@ -201,8 +201,7 @@ def _kv_quantum(mean: int, block_size: int) -> int:
     """What the mean KV length is rounded up to: an 8th of the power of two at or above it
     (at most 12.5%), at least a block. Coarser than a block so that a run of decode steps,
     whose mean grows by one token a step, keeps one price for many steps: the simulator
-    prices a run per constant stretch, and a stretch per 16 steps made it 13% slower on
-    the Azure conversation trace, one per 1/8 octave 10%."""
+    prices a run per constant stretch (speed in benchmarks/README.md)."""
     return max((1 << (mean - 1).bit_length()) // KV_STEPS_PER_OCTAVE, block_size)
 
 

@@ -172,8 +172,6 @@ class _Driver:
             if stop:
                 break
         self.run_counts[first] -= 1                # the first step's gap is not a repeat's
-        if taken == 1:
-            del self.run_prices[first:], self.run_counts[first:]
         return taken, total
 
     def _result(self) -> LLMResult:

@@ -810,16 +810,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m schedsim.llm.step_profiler",
                                  description="Measure LLM engine steps into a step profile "
                                              "(the flags of `schedsim profile llm`).")
-    ap.add_argument("--model", default="builtin:llama-1b")
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--device", default=None)
+    spec = StepProfileSpec  # its field defaults are the command's
+    ap.add_argument("--model", default=spec.model)
+    ap.add_argument("--dtype", default=spec.dtype)
+    ap.add_argument("--device", default=spec.device)
     ap.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-context", type=int, default=196608)
+    ap.add_argument("--block-size", type=int, default=spec.block_size)
+    ap.add_argument("--max-context", type=int, default=spec.max_context)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--min-samples", type=int, default=None)
     ap.add_argument("--max-time-s", type=float, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=spec.seed)
     ap.add_argument("--warm-shapes", dest="fresh_shapes", action="store_false")
     ap.add_argument("--out", type=Path, required=True)
     args = vars(ap.parse_args(argv))
