@@ -17,6 +17,7 @@ import typer
 
 from schedsim import cli_options as o
 from schedsim.errors import InputError
+from schedsim.host import parse_cpu, pin_cpu
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
@@ -49,6 +50,9 @@ class LiveSpec:
     """Wake at every arrival whatever the policy's hints say."""
     seed: int = 0
     """Seed of the model weights and the input ids."""
+    cpu: str | None = None
+    """Pin the process to this CPU (a number or ``"auto"``) before the engine is built;
+    None = not pinned (:func:`schedsim.host.pin_cpu`)."""
 
 
 def _check_live(spec: LiveSpec) -> None:
@@ -66,6 +70,7 @@ def _check_live(spec: LiveSpec) -> None:
         raise InputError(f"--spin-us: {spec.spin_us} is not valid; expected a number >= 0")
     if spec.threads < 1:
         raise InputError(f"--threads: {spec.threads} is not valid; expected an integer >= 1")
+    parse_cpu(spec.cpu)
 
 
 def engine_factory(spec: LiveSpec, largest: int, max_seq: int, out_dir: Path):
@@ -152,6 +157,8 @@ def execute_live(spec: LiveSpec):
     largest = policy.max_batch_samples() or int(requests.samples.max() if len(requests) else 1)
     seq = np.where(requests.seq_len > 0, requests.seq_len, spec.seq_len)
     max_seq = int(seq.max()) if len(seq) else spec.seq_len
+    # Before the engine (and torch's and CUDA's threads, which inherit the CPU set) exists.
+    pinning = pin_cpu(spec.cpu, count=inputs.instances)   # one CPU per instance's thread
     out = Path(spec.run.out)
     out.mkdir(parents=True, exist_ok=True)
     factory, info = engine_factory(spec, int(largest), max_seq, out)
@@ -163,7 +170,7 @@ def execute_live(spec: LiveSpec):
                              warmup_s=spec.run.warmup_s, time_limit_s=spec.time_limit_s,
                              default_seq_len=spec.seq_len, spin_us=spin,
                              wake_every_arrival=spec.wake_every_arrival, seed=spec.seed)
-    info["machine"] = machine_metadata(gpu_before, probe_torch=spec.backend == "torch")
+    info["machine"] = machine_metadata(gpu_before, probe_torch=spec.backend == "torch") | {"cpu_pinning": pinning}
     summary = summarize(result, spec.run.warmup_s)
     summary["config"] = policy_config(spec.run, inputs) | {
         "driver": "live", "backend": info["backend"], "model": spec.model, "device": info["device"],
@@ -218,6 +225,7 @@ def live(
     spin_us: Annotated[Optional[float], typer.Option(help="Busy-wait this long before each timed wake-up (default 0: a spinning thread starves the engine worker of the GIL).")] = None,
     wake_every_arrival: Annotated[bool, typer.Option(help="Wake the dispatcher at every arrival, whatever the policy's hints say.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the model weights and input ids.")] = 0,
+    cpu: o.Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json, batches.csv, live.json here (required).")] = None,
     plot: Annotated[bool, typer.Option(help="Also write the plots of schedsim run.")] = False,
     json_output: o.JsonOutput = False,
@@ -260,7 +268,7 @@ def live(
                   rate_scale=rate_scale, out=out, plot=plot)
     spec = LiveSpec(run=run, backend=backend, model=model, device=device, cuda_graphs=cuda_graphs,
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
-                    spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed)
+                    spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed, cpu=cpu)
     # --- LLM live backend (issue 6) ---
     llm = o.llm_options(locals())
     if backend == "torch-llm":
@@ -271,7 +279,7 @@ def live(
             run=run, llm=llm,
             model=model or "builtin:llama-1b", device=device,
             cuda_graphs=cuda_graphs, precision=precision, time_limit_s=time_limit_s, spin_us=spin_us, seed=seed,
-            threads=threads)
+            threads=threads, cpu=cpu)
         title, summary, written = execute_live_llm(llm_spec)
         if json_output:
             o.print_json(summary)

@@ -1,4 +1,4 @@
-"""Command-line options shared by ``schedsim run`` and ``schedsim live``.
+"""Command-line options shared by ``schedsim run`` and ``schedsim live`` (``--cpu``: also ``profile``).
 
 Typer needs every parameter written out in each command's signature; declaring each
 policy flag once here keeps the two commands' names, help and parsing identical.
@@ -43,6 +43,9 @@ Instances = Annotated[Optional[int], typer.Option(help="Model instances serving 
 WarmupS = Annotated[float, typer.Option(help="Leave out requests arriving before this time.")]
 RateScale = Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
+Cpu = Annotated[Optional[str], typer.Option(
+    help="Pin the process to one CPU before the engine starts: a CPU number, or auto (the fastest "
+         "by a short probe). Default: not pinned. Recorded as cpu_pinning in the machine metadata.")]
 
 
 def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from schedsim.cli_options import Cpu
 from schedsim.errors import InputError
 
 app = typer.Typer(help="Measure engines into cost tables; show and compare them.",
@@ -93,6 +94,7 @@ def profile(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Exported ONNX files and TensorRT engines (default ~/.cache/schedsim).")] = None,
     dispatch_iters: Annotated[int, typer.Option(help="Batches in the dispatch-overhead loop (0 skips it).")] = 300,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
+    cpu: Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
 ):
     """Measure a model on a backend into a cost table (CSV + JSON sidecar + raw samples)."""
@@ -109,7 +111,7 @@ def profile(
         instances=instances, warmup_ms=warmup_ms, min_iters=min_iters, min_time_s=min_time_s,
         max_cell_s=max_cell_s, device=device, provider=provider, tf32=tf32,
         workspace_gib=workspace_gib, cache_dir=str(cache_dir) if cache_dir else None,
-        dispatch_iters=dispatch_iters, seed=seed)
+        dispatch_iters=dispatch_iters, seed=seed, cpu=cpu)
     try:
         # Bars only on a terminal: piped stderr keeps errors to their one line.
         with (_RichProgress(_err) if _err.is_terminal else contextlib.nullcontext()) as bar:

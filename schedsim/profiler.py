@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from schedsim.errors import InputError
+from schedsim.host import parse_cpu, pin_cpu
 from schedsim.measure import gpu_state, machine_metadata, sample_cell, sample_concurrent, summarize
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -104,6 +105,9 @@ class ProfileSpec:
     """Batches in the dispatch-overhead loop (0 skips it)."""
     seed: int = 0
     """Seed for weights, inputs and the dispatch loop."""
+    cpu: str | None = None
+    """Pin the process to this CPU (a number or ``"auto"``) before the runners open; None =
+    not pinned (:func:`schedsim.host.pin_cpu`)."""
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
@@ -125,6 +129,7 @@ class ProfileSpec:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 0")
         if self.max_cell_s is not None and self.max_cell_s <= 0:
             raise InputError(f"--max-cell-s {self.max_cell_s}: must be > 0")
+        parse_cpu(self.cpu)
 
     @property
     def cells(self) -> list[tuple[int, int]]:
@@ -349,6 +354,8 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
     out = Path(out)
     if out.suffix.lower() != ".csv":
         raise InputError(f"--out {out}: must name a .csv file (the sidecar and samples go next to it)")
+    # Before the runners (and torch's and CUDA's threads, which inherit the CPU set) exist.
+    pinning = pin_cpu(spec.cpu)
     command = command or shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     backend = _Backend(spec)
     results: dict = {}
@@ -380,7 +387,7 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
             raise InputError(f"{error} (no cell was measured, nothing written)") from None
         raise error
     outcome = _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
-                     gpu_before, started, command, error)
+                     gpu_before, started, command, error, pinning)
     if error is not None:
         if is_out_of_memory(error):
             cell = _next_cell(spec, results)
@@ -486,7 +493,7 @@ def _dispatch_gaps(runner, spec: ProfileSpec, progress: Progress) -> np.ndarray 
 
 
 def _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
-           gpu_before, started, command, error) -> Outcome:
+           gpu_before, started, command, error, pinning) -> Outcome:
     from schedsim.profile import save_profile
 
     import pandas as pd
@@ -511,7 +518,7 @@ def _write(spec, out, results, extras, backend, describe, warnings, drift, dispa
     if drift is not None and abs(drift["change"]) > DRIFT_WARN:
         warnings.append(f"drift: the first cell's p50 moved {drift['change']:+.1%} between the "
                         f"start and the end of the run (machine state changed?)")
-    machine = machine_metadata(gpu_before, probe_torch=spec.backend == "torch")
+    machine = machine_metadata(gpu_before, probe_torch=spec.backend == "torch") | {"cpu_pinning": pinning}
     warnings += machine["warnings"]
     if not complete:
         reason = "interrupted (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else (

@@ -43,6 +43,7 @@ def test_live_writes_what_run_writes_plus_engine_timings(live_dir):
     assert s["config"]["params"] == {"max_batch_size": 8, "max_queue_delay_us": 500}
     info = json.loads((live_dir / "live.json").read_text())
     assert "machine" in info and info["engine_host_ms"]["n"] > 0
+    assert info["machine"]["cpu_pinning"] is None  # no --cpu: not pinned, and says so
     rows = list(csv.DictReader(open(live_dir / "batches.csv")))
     assert rows and float(rows[0]["host_ms"]) > 0
 

@@ -133,6 +133,7 @@ def test_onnxruntime_end_to_end(tiny_onnx, tmp_path):
     assert meta["partial"] is False and meta["instances"] == 1
     assert meta["backend"] == "onnxruntime" and meta["model_sha256"]
     assert meta["dispatch_overhead_us"] > 0 and "machine" in meta and "drift_check" in meta
+    assert meta["machine"]["cpu_pinning"] is None  # no --cpu
     assert "gpu_ms_mean" not in prof.table.columns  # no device clock on the CPU
 
     png = tmp_path / "show.png"

@@ -7,8 +7,10 @@ rounds (see schedsim.measure). CUDA events around the replay give the GPU time. 
 separate loop measures the host dispatch gap between batches (not part of latency).
 
 Writes NAME.csv, NAME.json and NAME.samples.npz (schedsim.profile/1) into --out.
-Imports only numpy, torch, schedsim.engines.torch_encoder and schedsim.measure, so it
-runs on an image without the simulator's other dependencies.
+Imports only numpy, torch, schedsim.engines.torch_encoder, schedsim.measure and
+schedsim.host, so it runs on an image without the simulator's other dependencies.
+``--cpu N`` (or auto) pins the process to one CPU first (schedsim/host.py), recorded as
+the sidecar's machine.cpu_pinning.
 
     PYTHONPATH=. python3 experiments/default_profile/measure.py --out "$OUT"
 """
@@ -29,6 +31,8 @@ import numpy as np
 import torch
 
 from schedsim.engines.torch_encoder import DESCRIPTIONS, CONFIGS, TorchEncoderRunner, build_encoder
+from schedsim.errors import InputError
+from schedsim.host import pin_cpu
 from schedsim.measure import gpu_state, interleaved, machine_metadata, summarize
 
 CSV_COLUMNS = ["batch", "seq_len", "latency_ms_mean", "latency_ms_p50", "latency_ms_p90",
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="bert-base-fp16-cg-h200", help="file name stem")
     ap.add_argument("--model", default="bert-base", choices=sorted(CONFIGS))
     ap.add_argument("--precision", default="fp16", choices=sorted(DTYPES))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batches", default="1-64", help="e.g. 1-64 or 1,2,4,8")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="run eagerly")
@@ -89,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-time-s", type=float, default=300.0, help="cap on the sampling phase")
     ap.add_argument("--dispatch-iters", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu", default=None, help="pin to this CPU first: a number or auto (default: not pinned)")
     args = ap.parse_args(argv)
+    try:
+        pinning = pin_cpu(args.cpu)  # before CUDA starts its threads (they inherit the CPU set)
+    except InputError as exc:
+        ap.error(str(exc))
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     out = Path(args.out)
@@ -130,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         graphs_all = len(runner.graph_shapes) == len(batches)
         runner_warnings = list(runner.warnings)
 
-    machine = machine_metadata(gpu_before)
+    machine = machine_metadata(gpu_before) | {"cpu_pinning": pinning}
     rows, warnings = [], []
     by_cell = res.by_cell()
     for b in batches:

@@ -50,9 +50,16 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=500.0, help="start no cell after this much wall time")
     ap.add_argument("--drain-s", type=float, default=60.0, help="time limit past a cell's last arrival")
     ap.add_argument("--tar", type=Path, default=None, help="at the end, pack OUT into this .tar.gz")
+    ap.add_argument("--cpu", default="auto",
+                    help="pin to this CPU before the engine starts: a number, auto (the fastest now) or none")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: llama-tiny, fp32, 60 blocks, 12 requests per cell")
     args = ap.parse_args(argv)
+    from schedsim.host import pin_cpu
+
+    # Before torch starts its threads: they inherit the CPU set (schedsim.host says why).
+    pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
+    print(f"cpu pinning: {pinned}", flush=True)
 
     import torch
 
@@ -105,7 +112,8 @@ def main(argv=None) -> int:
             write_live_steps_csv(cell_dir / "live_steps.csv", extra["steps"])
             timing = {k: v for k, v in extra.items() if k not in ("steps", "tokens")}
             (cell_dir / "live.json").write_text(json.dumps(json_safe(
-                timing | {"cell": cell, "wall_s": wall, "warmup": setup, "engine": engine.describe(), "smoke": args.smoke,
+                timing | {"cell": cell, "wall_s": wall, "warmup": setup, "cpu_pinning": pinned,
+                          "engine": engine.describe(), "smoke": args.smoke,
                           "gpu": torch.cuda.get_device_name() if device == "cuda" else None}), indent=2, default=str))
             s = summarize_llm(result)
             s["partial"] = bool(extra["partial"])
@@ -122,7 +130,7 @@ def main(argv=None) -> int:
         warnings = list(engine.warnings)
     (out / "run_info.json").write_text(json.dumps(json_safe({
         "cells_done": done, "cells_skipped_budget": skipped, "wall_s": time.perf_counter() - t_start,
-        "setup": setup, "engine_warnings": warnings, "smoke": args.smoke,
+        "setup": setup, "engine_warnings": warnings, "smoke": args.smoke, "cpu_pinning": pinned,
         "machine": machine_metadata(gpu_before) if not args.smoke else None}), indent=2, default=str))
     print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
     if args.tar is not None:

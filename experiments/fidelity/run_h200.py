@@ -14,6 +14,12 @@ A cell's trace lasts --duration-s, shortened for fast cells to about --max-reque
 shortened). Cells already finished (a summary.json) are skipped, so a rerun into the same
 OUT resumes; --budget-s stops starting cells before the device's 10-minute limit.
 
+--cpu (default auto: the fastest CPU by a short probe) pins this process before torch
+starts, and the profile's child process to the same CPU: the machine's vCPUs switch
+between two speeds and the host-bound work (graph launches, the dispatcher) with them
+(schedsim/host.py). The choice is in run_info.json and every cell's live.json
+(cpu_pinning).
+
     export PYTHONPATH=. PYTHONUNBUFFERED=1
     python3 experiments/fidelity/run_h200.py --out "$OUT"
 """
@@ -35,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity.cells import CELLS, capacity_rps, committed_profile_means  # noqa: E402
+from schedsim.errors import InputError  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
+from schedsim.host import pin_cpu  # noqa: E402
 from schedsim.live import run_live, write_batches_csv  # noqa: E402
 from schedsim.metrics import summarize  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
@@ -98,7 +106,20 @@ def main(argv=None) -> int:
                          "the live-vs-live spread of the same trace")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: bert-tiny, fp32, eager, rates x0.02, no profile")
+    ap.add_argument("--cpu", default="auto",
+                    help="pin to this CPU: a number, auto (the fastest by a short probe) or none")
     args = ap.parse_args(argv)
+    try:
+        # Before torch and CUDA start their threads (they inherit the CPU set).
+        # Two CPUs for the two-instance cells (their dispatchers would take turns on one);
+        # the one-instance cells run on the fastest alone.
+        pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=2)
+    except InputError as exc:
+        ap.error(str(exc))
+    if pinning:
+        os.sched_setaffinity(0, {pinning["cpu"]})
+        print(f"pinned to CPU {pinning['cpu']}, {pinning['cpus']} for two instances ({pinning['how']}; "
+              f"loop {pinning['loop_ms']:.3f} ms)", flush=True)
 
     import torch
 
@@ -118,7 +139,8 @@ def main(argv=None) -> int:
         # runner's graphs slow the first one's small batches; diagnose_runner_state.py).
         subprocess.run([sys.executable, str(ROOT / "experiments/default_profile/measure.py"),
                         "--out", str(out / "profile"), "--name", "samecall", "--min-iters", "120",
-                        "--min-time-s", "0.25", "--warmup-ms", "50", "--dispatch-iters", "1000"],
+                        "--min-time-s", "0.25", "--warmup-ms", "50", "--dispatch-iters", "1000"]
+                       + (["--cpu", str(pinning["cpu"])] if pinning else []),
                        check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         print(f"profile done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
@@ -159,13 +181,16 @@ def main(argv=None) -> int:
             requests = Requests.from_trace(trace)
             policy = build_policy(cell["policy"], dict(cell["params"]))
             ensure_runners(cell["instances"])
+            if pinning and cell["instances"] > 1:
+                os.sched_setaffinity(0, set(pinning["cpus"]))   # the instances' threads inherit it
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
                                      default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 0.0),
                                      engine_warmup=1, time_limit_s=duration + 20.0)
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
-                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke}
+                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke,
+                    "cpu_pinning": pinning}
             write_cell(cell_dir, cell, trace, result, extra, args.warmup_s, info)
             s = summarize(result, args.warmup_s)
             done.append(cell["name"])
@@ -176,7 +201,8 @@ def main(argv=None) -> int:
     meta = machine_metadata(gpu_before)
     (out / "run_info.json").write_text(json.dumps(json_safe({
         "cells_done": done, "cells_skipped_budget": skipped, "wall_s": time.perf_counter() - t_start,
-        "duration_s": args.duration_s, "warmup_s": args.warmup_s, "machine": meta}), indent=2, default=str))
+        "duration_s": args.duration_s, "warmup_s": args.warmup_s, "cpu_pinning": pinning,
+        "machine": meta}), indent=2, default=str))
     print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
     return 0
 

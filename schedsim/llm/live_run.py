@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schedsim.errors import InputError
+from schedsim.host import parse_cpu, pin_cpu
 
 LLM_MODELS = ("llama-1b", "llama-tiny")
 """Builtin decoders of :mod:`schedsim.engines.decoder` the live LLM backend serves."""
@@ -44,6 +45,9 @@ class LiveLLMSpec:
     """Seed of the model weights and the prompts."""
     threads: int = 1
     """On the CPU: torch's intra-op threads (more than the idle cores makes every step crawl)."""
+    cpu: str | None = None
+    """Pin the process to this CPU (a number or ``"auto"``) before torch starts; None = not
+    pinned (:func:`schedsim.host.pin_cpu`). An eager step is launch-bound: host speed."""
 
 
 def _check_model_matches(policy, name: str, cfg, params: dict) -> None:
@@ -111,6 +115,7 @@ def execute_live_llm(spec: LiveLLMSpec):
         raise InputError("--instances: the LLM live backend runs one engine")
     if run.triton_config is not None:
         raise InputError(f"--triton-config: applies to --policy dynamic, not {run.policy!r}")
+    parse_cpu(spec.cpu)
     for flag, value in (("--slo-ttft-ms", llm.slo_ttft_ms), ("--slo-tpot-ms", llm.slo_tpot_ms),
                         ("--slo-e2e-ms", llm.slo_e2e_ms)):
         if value is not None and not value > 0:
@@ -134,6 +139,8 @@ def execute_live_llm(spec: LiveLLMSpec):
     requests = Requests.from_trace(trace)
     if importlib.util.find_spec("torch") is None:
         raise InputError("--backend torch-llm: PyTorch is not installed (pip install torch)")
+    # Before torch and CUDA start their threads, which inherit the CPU set.
+    pinning = pin_cpu(spec.cpu)
     import torch
 
     from schedsim.engines.decoder import CONFIGS
@@ -175,7 +182,8 @@ def execute_live_llm(spec: LiveLLMSpec):
                          f"({' '.join(str(exc).split())[:160]}); lower --num-gpu-blocks or --gpu-memory-gb") from None
     info = {"backend": "torch-llm", "model": spec.model, "device": device, "precision": precision,
             "cuda_graphs": bool(describe.get("cuda_graphs")), "backend_version": torch.__version__,
-            "engine": describe, "machine": machine_metadata(gpu_before, probe_torch=True)}
+            "engine": describe,
+            "machine": machine_metadata(gpu_before, probe_torch=True) | {"cpu_pinning": pinning}}
     summary = summarize_llm(result, run.warmup_s, slo_ttft_ms=llm.slo_ttft_ms, slo_tpot_ms=llm.slo_tpot_ms,
                             slo_e2e_ms=llm.slo_e2e_ms)
     stats = {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str, dict))}
