@@ -82,7 +82,8 @@ composition, in the order measured:
     the final synchronize), ms >= 0. With it the model fits forward pass plus host time
     per composition, and the sidecar's single ``step_overhead_us`` is not added: that one
     number is a median over all compositions, and the host work grows with the rows
-    and block-table entries packed (on the H200 from 0.32-0.44 ms for 1-8 decodes to 2.8 ms for 256 at context 8,000).
+    and block-table entries packed (on the H200 from 0.20-0.40 ms for 1-8 decodes at
+    contexts of 16-100 tokens to 2.6 ms for 256 at 8,000).
 ``decode_kv_tokens`` (optional, :data:`KV_COLUMN`)
     the KV tokens the decode rows attend over, summed: ``sum of (context + 1)``, between
     ``decode_seqs`` and ``decode_seqs * (decode_context + 1)`` (equal to the latter when
@@ -95,7 +96,10 @@ torch version, model, dtype, cuda_graphs, date, command) and what the model read
 level or under ``provenance``, means none),
 ``max_context_measured``, ``swap_gb_per_s`` (host<->device copy bandwidth, GB/s = 1e9
 bytes/s, optional), ``step_overhead_us`` (host time per step outside the forward pass,
-default 0) and ``fit`` (:meth:`StepFit.to_dict`: a record; the model refits the table
+default 0), ``loop_overhead_us`` and ``loop_overhead_us_per_row`` (the serving loop's
+host time per step between engine calls, scheduling and token hand-back:
+``loop_overhead_us + loop_overhead_us_per_row * rows``, default 0; measured by
+:mod:`schedsim.llm.loop_overhead`) and ``fit`` (:meth:`StepFit.to_dict`: a record; the model refits the table
 on load with the same function and split, so the table is the one source of truth).
 """
 
@@ -128,6 +132,9 @@ HOST_COLUMN = "host_overhead_ms_p50"
 KV_COLUMN = "decode_kv_tokens"
 """Optional column: the decode rows' KV tokens, sum of (context + 1) (see the module docstring)."""
 OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN)
+LOOP_KEYS = ("loop_overhead_us", "loop_overhead_us_per_row")
+"""Sidecar keys: the serving loop's host time per step outside the engine call, a + b * rows
+(:mod:`schedsim.llm.loop_overhead`)."""
 """Optional columns, in the order written."""
 
 GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
@@ -513,9 +520,9 @@ def _validate_meta(meta, src: str) -> dict:
         raise InputError(f"{where(src, None, 'cuda_graphs')}: {meta['cuda_graphs']!r} must be true or false")
     if meta.get("swap_gb_per_s") is not None and not is_num(meta["swap_gb_per_s"], True):
         raise InputError(f"{where(src, None, 'swap_gb_per_s')}: {meta['swap_gb_per_s']!r} must be a number > 0 (GB/s)")
-    if meta.get("step_overhead_us") is not None and not is_num(meta["step_overhead_us"], False):
-        raise InputError(f"{where(src, None, 'step_overhead_us')}: {meta['step_overhead_us']!r} "
-                         "must be a number >= 0 (microseconds)")
+    for key in ("step_overhead_us",) + LOOP_KEYS:
+        if meta.get(key) is not None and not is_num(meta[key], False):
+            raise InputError(f"{where(src, None, key)}: {meta[key]!r} must be a number >= 0 (microseconds)")
     return meta
 
 
@@ -684,7 +691,9 @@ class StepCostModel:
 
     What it includes: the fitted forward-pass time of the step's composition (module
     docstring), the profile's ``step_overhead_us`` (host time per step outside the forward
-    pass), and for swap preemption the copy of ``swap_blocks`` KV blocks at
+    pass), the serving loop's host time between engine calls (``loop_overhead_us +
+    loop_overhead_us_per_row * rows``; ``loop_overhead_us`` here replaces the profile's
+    pair), and for swap preemption the copy of ``swap_blocks`` KV blocks at
     ``swap_gb_per_s``: ``swap_blocks * bytes_per_block / (swap_gb_per_s * 1e9)`` seconds.
     ``bytes_per_block`` comes from the model spec's block budget
     (:attr:`~schedsim.llm.spec.BlockBudget.bytes_per_block`); pass it here or set the
@@ -694,7 +703,8 @@ class StepCostModel:
     """
 
     def __init__(self, profile: StepProfile, fit: StepFit, *, extrapolate_context: bool = True,
-                 bytes_per_block: int | None = None, swap_gb_per_s: float | None = None):
+                 bytes_per_block: int | None = None, swap_gb_per_s: float | None = None,
+                 loop_overhead_us: tuple[float, float] | None = None):
         """Prefer :meth:`from_profile`."""
         self.profile = profile
         self.fit = fit
@@ -711,6 +721,15 @@ class StepCostModel:
         self.swap_gb_per_s = swap_gb_per_s
         # A fit of forward pass plus host time per composition holds the overhead already.
         self.overhead_ns = 0.0 if fit.includes_host else float(profile.meta.get("step_overhead_us") or 0.0) * 1e3
+        # The serving loop between engine calls (the policy, block tables, token hand-back):
+        # outside what the profile timed, so added whatever the fit includes.
+        if loop_overhead_us is None:
+            loop_overhead_us = tuple(float(profile.meta.get(k) or 0.0) for k in LOOP_KEYS)
+        a, b = loop_overhead_us
+        if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0):
+            raise InputError(f"loop overhead: {a!r} us + {b!r} us per row must be numbers >= 0")
+        self.loop_ns = (a * 1e3, b * 1e3)
+        """(ns per step, ns per row of the step): the serving loop's host time, added to every step."""
         self.extrapolated = False
         """Whether any step so far attended beyond :attr:`max_context_measured` (warned once)."""
         coef = [float(c) for c in fit.coefficients]
@@ -724,17 +743,20 @@ class StepCostModel:
 
     @classmethod
     def from_profile(cls, profile: StepProfile, *, extrapolate_context: bool = True,
-                     bytes_per_block: int | None = None, swap_gb_per_s: float | None = None) -> "StepCostModel":
+                     bytes_per_block: int | None = None, swap_gb_per_s: float | None = None,
+                     loop_overhead_us: tuple[float, float] | None = None) -> "StepCostModel":
         """Fit ``profile`` (:func:`fit_step_profile`) and build the model; a sidecar fit of
         the same table and features (:func:`stored_fit`) is taken as it is.
 
         ``extrapolate_context``: price contexts beyond the measured ones with the linear
         attention terms and warn once (True), or raise InputError (False).
         ``swap_gb_per_s``: None takes the sidecar's (needed only for swap preemption).
+        ``loop_overhead_us``: (µs per step, µs per row); None takes the sidecar's (or none).
         """
         fit = stored_fit(profile) or fit_step_profile(profile)
         return cls(profile, fit, extrapolate_context=extrapolate_context,
-                   bytes_per_block=bytes_per_block, swap_gb_per_s=swap_gb_per_s)
+                   bytes_per_block=bytes_per_block, swap_gb_per_s=swap_gb_per_s,
+                   loop_overhead_us=loop_overhead_us)
 
     def __repr__(self) -> str:
         return (f"StepCostModel({self.profile.source!r}, held-out MAPE {self.fit.mape_pct:.2f}%, "
@@ -762,7 +784,7 @@ class StepCostModel:
                 self._beyond(top)
             s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
             feats = step_features(*s, real) if self._real_kv else step_features(*s)
-            x = _combine(self._coef, feats) * 1e6 + self.overhead_ns
+            x = _combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
         return round(x)
@@ -847,7 +869,12 @@ class StepCostModel:
             t = self._decode_ms_padded(n, width)
         if self._real_kv:   # the last term of _combine's sum, added last as there: the same float
             t = t + self._coef[-1] * real
-        return t * 1e6 + self.overhead_ns
+        return t * 1e6 + self.overhead_ns + self._loop(n)
+
+    def _loop(self, rows: int) -> float:
+        """ns of the serving loop's host time around a step of ``rows`` rows (0.0 without it)."""
+        a, b = self.loop_ns
+        return a + b * rows
 
     def _decode_ms_padded(self, n: int, width: int) -> float:
         """ms of a decode-only step before the real-KV term: :func:`_combine` of every other

@@ -69,6 +69,7 @@ import numpy as np
 
 from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
+from schedsim.host import pin_cpu
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
 from schedsim.llm.cost import HOST_COLUMN, KV_COLUMN
 from schedsim.measure import gpu_state, machine_metadata, summarize
@@ -379,8 +380,14 @@ class _FreshShapes:
 # -- the run -------------------------------------------------------------------------------
 
 def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
-                     progress: StepProgress | None = None, command: str | None = None) -> Outcome:
+                     progress: StepProgress | None = None, command: str | None = None,
+                     cpu_pinning: dict | None = None) -> Outcome:
     """Measure every composition of ``spec`` and write ``out`` (CSV) and its JSON sidecar.
+
+    After the compositions, the live loop's own host time per step on this engine
+    (:func:`~schedsim.llm.loop_overhead.measure_loop_overhead`; sidecar keys
+    ``loop_overhead_us`` and ``loop_overhead_us_per_row``). ``cpu_pinning``: the record of
+    :func:`schedsim.host.pin_cpu`, kept in the sidecar.
 
     On Ctrl-C or an error the compositions already sampled are written as a partial
     profile first; then the exception propagates (out of memory becomes an InputError,
@@ -395,6 +402,7 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     torch = require("torch", "torch", "the LLM step profiler")
     from schedsim.engines import decoder
     from schedsim.engines.llm_engine import EngineRow, PagedLLMEngine
+    from schedsim.llm.loop_overhead import measure_loop_overhead
 
     name = spec.model.split(":", 1)[1]
     if name not in decoder.CONFIGS:
@@ -436,6 +444,11 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
                 progress.phase("swap and overhead", 1)
                 extras["swap"] = _swap_rate(eng, spec)
                 extras["prepare_us"] = _prepare_times(eng, live)
+                progress.phase("live loop overhead", 1)
+                extras["loop"] = measure_loop_overhead(engine=eng, steps=200)
+                if extras["loop"] is None:
+                    extras["warnings"].append("live loop overhead not measured: the KV pool holds "
+                                              "fewer than two of its bursts")
                 extras["engine_warnings"] = list(eng.warnings)
                 extras["graph_shapes"] = len(eng.graph_shapes)
                 progress.update(1)
@@ -447,6 +460,7 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
             raise InputError(f"out of memory before any step was measured "
                              f"({_first_line(error)})") from None
         raise error
+    extras["cpu_pinning"] = cpu_pinning
     outcome = _write(spec, out, cells, failed, extras, describe, kv_bytes, name, device, dtype,
                      torch, num_blocks, started, gpu_before, command, error)
     if error is not None:
@@ -613,7 +627,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
            num_blocks, started, gpu_before, command, error) -> Outcome:
     complete = error is None and not failed
     sampled = [c for c in cells if c.gpu_ms]
-    warnings = list(extras.get("engine_warnings", []))
+    warnings = list(extras.get("engine_warnings", [])) + list(extras.get("warnings", []))
     rows, unstable, spread = [], 0, []
     overhead = {"decode": [], "prefill": [], "mixed": []}
     for c in sampled:
@@ -723,8 +737,11 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
                                       and describe.get("cuda_graphs")],
         "engine": describe,
         "machine": machine,
+        "cpu_pinning": extras.get("cpu_pinning"),
         "warnings": warnings,
     }
+    if extras.get("loop"):
+        meta.update(extras["loop"])
     if step_overhead is not None:
         meta["step_overhead_us"] = step_overhead
     if meta["swap_gb_per_s"] is None:
@@ -822,11 +839,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-time-s", type=float, default=None)
     ap.add_argument("--seed", type=int, default=spec.seed)
     ap.add_argument("--warm-shapes", dest="fresh_shapes", action="store_false")
+    ap.add_argument("--cpu", default=None, help="pin to this CPU (a number, or auto: the fastest now)")
     ap.add_argument("--out", type=Path, required=True)
     args = vars(ap.parse_args(argv))
-    out = args.pop("out")
+    out, cpu = args.pop("out"), args.pop("cpu")
     try:
-        outcome = run_step_profile(spec_from_flags(**args), out, PlainStepProgress())
+        pinned = pin_cpu(cpu)
+        outcome = run_step_profile(spec_from_flags(**args), out, PlainStepProgress(), cpu_pinning=pinned)
     except InputError as exc:
         print(f"schedsim: error: {exc}", file=sys.stderr)
         return 2
