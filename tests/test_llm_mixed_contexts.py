@@ -25,10 +25,16 @@ CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 3200
          ([16] + [1] * 60, [37 * i for i in range(61)])]
 PREVIOUS_PROFILE = Path(__file__).resolve().parents[1] / "experiments" / "llm_profile" / \
     "llama-1b-bf16-h200-steps-previous.csv"
-BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the change
-    "synthetic": ([855072, 1021840, 9302608, 8080400, 3705784, 18219349, 3031580], 221407360),
-    "committed": ([2367520, 3240276, 37783926, 33252542, 9996194, 24033997, 13809660], 738787088,
-                  "6ca05ad659bf71c2"),
+EAGER_DECODE_STEP_NS = int(TRUE_COEF[17] * 1e6)
+BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the real-KV term
+    # With the eager_decode_step feature (session 5) the eager steps with decode rows (cases
+    # 3, 5 and 6: 300 decodes, and a chunk beside decodes) pay its synthetic 2 ms once.
+    "synthetic": ([855072, 1021840, 9302608, 8080400 + EAGER_DECODE_STEP_NS, 3705784,
+                   18219349 + EAGER_DECODE_STEP_NS, 3031580 + EAGER_DECODE_STEP_NS], 221407360),
+    # Refitted with eager_decode_step: graph steps price as before, eager ones moved
+    # (were 33252542, 9996194, 24033997, 13809660).
+    "committed": ([2367520, 3240276, 37783926, 31830545, 9256127, 25624559, 14828983], 738787088,
+                  "91ee8862f86fa04d"),
 }
 
 
@@ -50,7 +56,7 @@ def test_previous_committed_profile_prices_as_before():
     model = StepCostModel.from_profile(prof)
     steps, run, digest = BEFORE["committed"]
     assert model.fit.table_sha256.startswith(digest)
-    assert stored_fit(prof) is not None      # the sidecar's fit still matches: same features, same digest
+    assert stored_fit(prof) is None      # its sidecar's fit predates eager_decode_step: refitted on load
     assert _prices(model) == (steps, run)
 
 

@@ -14,6 +14,7 @@ results/summary.json, and prints the table. ``--sim-only`` prints the prediction
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -125,7 +126,11 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     from schedsim.llm.cost import KV_FEATURE, StepCostModel, load_step_profile, real_kv_tokens, step_features
     from schedsim.llm.shapes import context_blocks_array, graph_batch_array
 
-    with open(steps_csv, newline="") as f:
+    steps_csv = Path(steps_csv)
+    if not steps_csv.exists() and steps_csv.with_name(steps_csv.name + ".gz").exists():
+        steps_csv = steps_csv.with_name(steps_csv.name + ".gz")   # committed runs keep their logs gzipped
+    opener = gzip.open if steps_csv.suffix == ".gz" else open
+    with opener(steps_csv, "rt", newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not set(STEP_COLUMNS) <= set(rows[0]):
         return {}

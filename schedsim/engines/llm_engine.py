@@ -42,10 +42,8 @@ import torch.nn.functional as F
 
 from schedsim.engines.decoder import (CONFIGS, Decoder, DecoderConfig, apply_rope, build_decoder,
                                       rope_tables)
+from schedsim.engines.llm_rows import NULL_BLOCK, EngineRow  # noqa: F401  (re-exported)
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES, context_blocks, graph_batch
-
-NULL_BLOCK = 0
-"""The reserved block that padding reads and writes; a KV manager never hands it out."""
 
 # A builtin: no inspect.signature; its docstring carries the signature (torch >= 2.5 has it).
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -69,19 +67,6 @@ def _sdpa_backends(graph: bool):
     except ImportError:  # torch < 2.3: no cuDNN attention in SDPA either
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-@dataclass(frozen=True)
-class EngineRow:
-    """One request's share of a step."""
-
-    tokens: np.ndarray | Sequence[int]
-    """Token ids computed this step: a prefill chunk, or the one last token when decoding."""
-    context: int
-    """Tokens of this request already in the KV cache; the first new token sits at this position."""
-    block_table: np.ndarray | Sequence[int]
-    """Block ids holding the request's tokens in order (block i holds positions
-    i * block_size ...); it must cover ``context + len(tokens)`` positions."""
 
 
 @dataclass(eq=False)

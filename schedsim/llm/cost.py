@@ -23,7 +23,8 @@ their decodes' gathered context to the longest one::
 
     T = e0 + e1 tokens + e2 n_prefill + e3 sum over prefill chunks of (q c + q (q + 1) / 2)
            + e4 sum over prefill chunks of c
-           + e5 n_decode + e6 n_decode D,      D = ceil((max decode context + 1) / block_size) * block_size
+           + e5 n_decode + e6 n_decode D + e7 [n_decode > 0],
+                                               D = ceil((max decode context + 1) / block_size) * block_size
 
 ``q c + q (q + 1) / 2`` counts the query-key pairs of a causal chunk of ``q`` tokens over
 ``c`` cached ones, the note's ``q (c + q / 2)`` made exact in integers. ``n_prefill``
@@ -31,7 +32,10 @@ is there because the engine runs attention once per prefill chunk (a fixed cost 
 chunk and layer, beside the per-token and per-pair terms), and the sum of prefill
 contexts because a chunk over cached tokens first reads (and repeats for grouped-query
 attention) its whole context, whatever the chunk's length: a 16-token chunk over 188k
-cached tokens takes 44 ms on the H200.
+cached tokens takes 44 ms on the H200. ``[n_decode > 0]`` (feature ``eager_decode_step``)
+is there because an eager step with any decode rows also runs the decode-attention path
+(gather their blocks, a padded SDPA per layer): on the H200 a 512-token chunk took 7.5 ms
+alone and 12.2-12.9 ms beside 8-128 decodes, nearly whatever their number.
 
 *Real KV tokens* (only for a profile with the :data:`KV_COLUMN` column, which says how
 many tokens the decode rows really hold when their contexts differ): one more term, for
@@ -143,7 +147,7 @@ GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128),
 FEATURES = ("graph_step", "graph_batch",
             *(f"graph_kv_tokens_g{lo}_{hi if hi < 1 << 30 else 'up'}" for lo, hi in GRAPH_CLASSES),
             "eager_step", "eager_tokens", "eager_prefill_seqs", "eager_prefill_attention",
-            "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens")
+            "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens", "eager_decode_step")
 """Names of the model's features, in :func:`step_features` order, for a profile without :data:`KV_COLUMN`."""
 KV_FEATURE = "decode_real_kv_tokens"
 """The feature a profile with :data:`KV_COLUMN` adds, last."""
@@ -182,7 +186,11 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
     feats = (graph, graph * padded_batch,
              *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES),
              eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
-             eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width)
+             eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width,
+             # An eager step with decode rows runs the decode-attention path too (gather the
+             # rows' blocks, a padded SDPA, per layer): a fixed set of launches, measured on
+             # the H200 as +4.6-5.4 ms for 8-128 decodes beside a 512-token chunk at context 1,000.
+             eager * (decode_seqs > 0))
     return feats if real_kv is None else feats + (real_kv,)
 
 

@@ -234,7 +234,7 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
     graphs) get a few shapes too. Every row reads and writes only the null block, so no
     request's KV changes. Stops starting steps after ``budget_s``.
     """
-    from schedsim.engines.llm_engine import NULL_BLOCK, EngineRow
+    from schedsim.engines.llm_rows import NULL_BLOCK, EngineRow
 
     t = time.perf_counter()
     bs, cap = engine.block_size, min(int(max_context), engine.max_context)
@@ -301,7 +301,7 @@ def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int, eag
     graphs' shared memory pool grows once). Rows read and write only the null block.
     Returns wall times (``engine_warmup_s`` in all, ``warmup_eager_s``) and shape counts.
     """
-    from schedsim.engines.llm_engine import NULL_BLOCK, EngineRow
+    from schedsim.engines.llm_rows import NULL_BLOCK, EngineRow
     from schedsim.llm.shapes import context_blocks, graph_batch
 
     t = time.perf_counter()
@@ -453,7 +453,7 @@ class _Driver:
                               f"{rows[rows >= self.delivered][:8].tolist()}")
 
     def _run_step(self, start: int, step: Step) -> None:
-        from schedsim.engines.llm_engine import EngineRow
+        from schedsim.engines.llm_rows import EngineRow
 
         engine, tokens = self.engine, self.tokens
         rows = step.rows.tolist()
