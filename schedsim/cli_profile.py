@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schedsim.cli_options import Cpu
+from schedsim.host import pin_cpu
 from schedsim.errors import InputError
 
 app = typer.Typer(help="Measure engines into cost tables; show and compare them.",
@@ -171,6 +172,7 @@ def llm(
     max_time_s: Annotated[Optional[float], typer.Option(help="Cap on the sampling rounds, s (default 240; 3 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, token ids and the visiting order.")] = 0,
     warm_shapes: Annotated[bool, typer.Option("--warm-shapes", help="Time steps with a prefill chunk at their nominal length, warm (run before). Default: each sample moves the chunk a few tokens, to a step length the engine has not run yet, as a server meets new prompt lengths.")] = False,
+    cpu: Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Step-profile CSV to write (the JSON sidecar goes next to it).")] = None,
 ):
     """Measure LLM engine steps (prefill chunks, decodes, mixed) into a step profile."""
@@ -183,10 +185,11 @@ def llm(
         model=model, dtype=dtype, device=device, cuda_graphs=cuda_graphs, block_size=block_size,
         max_context=max_context, quick=quick, min_samples=min_samples, max_time_s=max_time_s,
         seed=seed, fresh_shapes=not warm_shapes)
+    pinning = pin_cpu(cpu)   # before the engine's torch and CUDA threads start (they inherit it)
     try:
         with (_RichStepProgress(_err) if _err.is_terminal
               else contextlib.nullcontext(PlainStepProgress())) as bar:
-            outcome = run_step_profile(spec, out, bar)
+            outcome = run_step_profile(spec, out, bar, cpu_pinning=pinning)
     except Interrupted as exc:
         o = exc.outcome
         kept = (f"kept {o.cells} compositions in {o.path} (marked partial)" if o.path

@@ -44,6 +44,7 @@ def test_quick_cpu_profile_writes_the_step_profile_format(tmp_path):
     assert meta["backend"] == "torch" and meta["cuda_graphs"] is False
     assert meta["swap_gb_per_s"] > 0 and meta["step_overhead_us"] > 0
     assert ("fit" in meta) != ("fit_skipped" in meta)
+    assert meta["cpu_pinning"] is None        # not asked for
     if hasattr(cost, "load_step_profile"):
         prof = cost.load_step_profile(out)        # the simulator's own reader takes it
         assert len(prof) == len(lines) - 1
@@ -54,6 +55,9 @@ def test_bad_flags_are_one_line_errors(tmp_path):
     assert proc.returncode == 2 and "llama-9b" in proc.stderr and "Traceback" not in proc.stderr
     proc = _run("--model", "builtin:llama-tiny", "--device", "cpu", "--out", tmp_path / "x.txt")
     assert proc.returncode == 2 and ".csv" in proc.stderr
+    proc = _run("--model", "builtin:llama-tiny", "--device", "cpu", "--cpu", "banana", "--out", tmp_path / "x.csv")
+    assert proc.returncode == 2 and "--cpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.csv").exists()
 
 
 def test_grid_covers_what_the_simulator_asks():
