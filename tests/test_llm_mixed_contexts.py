@@ -26,15 +26,17 @@ CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 3200
 PREVIOUS_PROFILE = Path(__file__).resolve().parents[1] / "experiments" / "llm_profile" / \
     "llama-1b-bf16-h200-steps-previous.csv"
 EAGER_DECODE_STEP_NS = int(TRUE_COEF[17] * 1e6)
+OVER_KNEE_NS = int(TRUE_COEF[18] * 1e6) * (2051 - 1024)   # case 5: 2,048 + 3 tokens
 BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the real-KV term
-    # With the eager_decode_step feature (session 5) the eager steps with decode rows (cases
-    # 3, 5 and 6: 300 decodes, and a chunk beside decodes) pay its synthetic 2 ms once.
+    # With the session-5 features the eager steps with decode rows (cases 3, 5 and 6: 300
+    # decodes, and a chunk beside decodes) pay eager_decode_step's synthetic 2 ms once, and
+    # case 5 (2,051 tokens) its tokens beyond the 1,024-token knee.
     "synthetic": ([855072, 1021840, 9302608, 8080400 + EAGER_DECODE_STEP_NS, 3705784,
-                   18219349 + EAGER_DECODE_STEP_NS, 3031580 + EAGER_DECODE_STEP_NS], 221407360),
-    # Refitted with eager_decode_step: graph steps price as before, eager ones moved
-    # (were 33252542, 9996194, 24033997, 13809660).
-    "committed": ([2367520, 3240276, 37783926, 31830545, 9256127, 25624559, 14828983], 738787088,
-                  "91ee8862f86fa04d"),
+                   18219349 + EAGER_DECODE_STEP_NS + OVER_KNEE_NS, 3031580 + EAGER_DECODE_STEP_NS], 221407360),
+    # Refitted with eager_decode_step and eager_tokens_over_knee: graph steps price as
+    # before, eager ones moved (were 33252542, 9996194, 24033997, 13809660).
+    "committed": ([2367520, 3240276, 37783926, 31962912, 8780536, 25496114, 15834654], 738787088,
+                  "86d93e198dcca986"),
 }
 
 

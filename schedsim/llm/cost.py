@@ -23,7 +23,7 @@ their decodes' gathered context to the longest one::
 
     T = e0 + e1 tokens + e2 n_prefill + e3 sum over prefill chunks of (q c + q (q + 1) / 2)
            + e4 sum over prefill chunks of c
-           + e5 n_decode + e6 n_decode D + e7 [n_decode > 0],
+           + e5 n_decode + e6 n_decode D + e7 [n_decode > 0] + e8 max(0, tokens - 1024),
                                                D = ceil((max decode context + 1) / block_size) * block_size
 
 ``q c + q (q + 1) / 2`` counts the query-key pairs of a causal chunk of ``q`` tokens over
@@ -36,6 +36,10 @@ cached tokens takes 44 ms on the H200. ``[n_decode > 0]`` (feature ``eager_decod
 is there because an eager step with any decode rows also runs the decode-attention path
 (gather their blocks, a padded SDPA per layer): on the H200 a 512-token chunk took 7.5 ms
 alone and 12.2-12.9 ms beside 8-128 decodes, nearly whatever their number.
+``max(0, tokens - 1024)`` (``eager_tokens_over_knee``, :data:`EAGER_KNEE_TOKENS`) gives
+the tokens a second, steeper rate where the step's work outgrows its launches: alone, a
+chunk of 512 / 1,024 / 2,048 / 4,096 / 8,192 tokens took 7.5 / 8.3 / 12.9 / 24.9 / 53.5 ms
+on the H200 (held-out error 6.5% without the term, 5.7% with it).
 
 *Real KV tokens* (only for a profile with the :data:`KV_COLUMN` column, which says how
 many tokens the decode rows really hold when their contexts differ): one more term, for
@@ -147,8 +151,12 @@ GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128),
 FEATURES = ("graph_step", "graph_batch",
             *(f"graph_kv_tokens_g{lo}_{hi if hi < 1 << 30 else 'up'}" for lo, hi in GRAPH_CLASSES),
             "eager_step", "eager_tokens", "eager_prefill_seqs", "eager_prefill_attention",
-            "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens", "eager_decode_step")
+            "eager_prefill_context", "eager_decode_seqs", "eager_decode_kv_tokens", "eager_decode_step",
+            "eager_tokens_over_knee")
 """Names of the model's features, in :func:`step_features` order, for a profile without :data:`KV_COLUMN`."""
+EAGER_KNEE_TOKENS = 1024
+"""Tokens beyond which an eager step's own compute outgrows its kernel launches (feature
+``eager_tokens_over_knee``): below it a step costs about its launches whatever its size."""
 KV_FEATURE = "decode_real_kv_tokens"
 """The feature a profile with :data:`KV_COLUMN` adds, last."""
 
@@ -190,7 +198,11 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
              # An eager step with decode rows runs the decode-attention path too (gather the
              # rows' blocks, a padded SDPA, per layer): a fixed set of launches, measured on
              # the H200 as +4.6-5.4 ms for 8-128 decodes beside a 512-token chunk at context 1,000.
-             eager * (decode_seqs > 0))
+             eager * (decode_seqs > 0),
+             # Below the knee an eager step is bound by launching its kernels, above it by
+             # their work (H200: 7.5 / 8.3 / 12.9 / 24.9 / 53.5 ms at 512-8,192 tokens alone):
+             # a second, steeper rate per token, which one linear rate cannot give.
+             eager * (tokens > EAGER_KNEE_TOKENS) * (tokens - EAGER_KNEE_TOKENS))
     return feats if real_kv is None else feats + (real_kv,)
 
 
