@@ -4,8 +4,8 @@ Why: on the H200 machines here (KVM guests with 16 vCPUs) one vCPU runs a pure-P
 loop in 1.0-1.2 ms or in 1.5-2.0 ms, depending on what else its physical core is doing,
 and the kernel moves an unpinned process between them every few seconds. Host-bound work
 (an eager LLM step launches hundreds of kernels from Python; a request-level batch's
-dispatch) then switches between two speeds mid-run: an eager step took 14-16 ms or
-24-27 ms, while the GPU's own work held within 1%
+dispatch) then switches between two speeds mid-run: an eager step took 14-17 ms or
+21-29 ms (1-second medians), while the GPU's own work held within 1%
 (experiments/fidelity-llm/drift/, experiments/fidelity/calibration/host_cpus/).
 Pinned to one vCPU the same step held at 13.4-15.4 ms for 45 s. A profile and the live
 run that checks it should be measured pinned, ideally to the same kind of CPU.

@@ -2,8 +2,8 @@
 
 The LLM drift diagnostic (experiments/fidelity-llm/diagnose_drift.py) found the host, not
 the GPU, switching between two speeds for seconds at a time: a fixed pure-Python loop took
-1.2 ms or 1.8-2.2 ms, and a launch-bound eager step 14-16 ms or 24-27 ms with it, while a
-matrix product and a graph decode step held within 1%. The request-level cells saw the
+1.2 ms or 1.8-2.2 ms, and a launch-bound eager step 14-17 ms or 21-29 ms (1-second
+medians) with it, while a matrix product and a graph decode step held within 1%. The request-level cells saw the
 same kind of drift in their host gaps. If the slow phases belong to particular vCPUs (a
 busy hyperthread sibling on the host, interrupt handling), pinning the serving process to
 a fast one removes them; if they move over the whole machine, pinning cannot help.
