@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from schedsim.cli_options import Cpu
-from schedsim.host import pin_cpu
 from schedsim.errors import InputError
+from schedsim.host import pin_cpu
 
 app = typer.Typer(help="Measure engines into cost tables; show and compare them.",
                   add_completion=False, pretty_exceptions_enable=False)

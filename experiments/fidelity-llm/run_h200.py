@@ -55,10 +55,14 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: llama-tiny, fp32, 60 blocks, 12 requests per cell")
     args = ap.parse_args(argv)
+    from schedsim.errors import InputError
     from schedsim.host import pin_cpu
 
-    # Before torch starts its threads: they inherit the CPU set (schedsim.host says why).
-    pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
+    try:
+        # Before torch starts its threads: they inherit the CPU set (schedsim.host says why).
+        pinned = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu)
+    except InputError as exc:
+        ap.error(str(exc))
     print(f"cpu pinning: {pinned}", flush=True)
 
     import torch

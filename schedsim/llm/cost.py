@@ -140,10 +140,10 @@ HOST_COLUMN = "host_overhead_ms_p50"
 KV_COLUMN = "decode_kv_tokens"
 """Optional column: the decode rows' KV tokens, sum of (context + 1) (see the module docstring)."""
 OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN)
+"""Optional columns, in the order written."""
 LOOP_KEYS = ("loop_overhead_us", "loop_overhead_us_per_row")
 """Sidecar keys: the serving loop's host time per step outside the engine call, a + b * rows
 (:mod:`schedsim.llm.loop_overhead`)."""
-"""Optional columns, in the order written."""
 
 GRAPH_CLASSES = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
 """Captured batch sizes sharing one per-gathered-token rate (inclusive ranges of G)."""

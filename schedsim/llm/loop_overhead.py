@@ -1,11 +1,12 @@
-"""The live loop's host time per step outside the engine, measured against a null engine.
+"""The live loop's host time per step outside the engine call, measured by running the loop.
 
 Between two engine calls the live runner (:mod:`schedsim.llm.live`) asks the policy for a
 step, builds the rows' block tables and prompt slices, and afterwards hands the tokens
-back and tells the policy the step is done. On the H200 host that took 60-70 µs + 7-9 µs
-per scheduled row in fidelity-llm run 6 (``schedule_us`` plus the gap after the engine
-call, back-to-back steps), 3-6% of a decode step, and the step profile (which times the
-engine call alone) does not hold it. Vidur models the same CPU overheads of vLLM's loop.
+back and tells the policy the step is done. On the H200 host that took 38-72 µs + 7-10 µs
+per scheduled row in fidelity-llm run 6's medium and near-capacity cells (least squares
+over back-to-back steps of ``schedule_us`` plus the gap after the engine call), about
+3% of a step, and the step profile (which times the engine call alone) does not hold it.
+Vidur models the same CPU overheads of vLLM's loop.
 
 :func:`measure_loop_overhead` runs the real live loop with the real policy over bursts of
 ``n`` requests arriving together, so every step is back to back with ``n`` rows. The time
@@ -70,7 +71,7 @@ class _Handle:
 
 
 def measure_loop_overhead(policy_name: str = "paged-kv", *, engine=None, rows=ROWS, steps: int = 300,
-                          prompt_tokens: int = 64, block_size: int = 16) -> dict:
+                          prompt_tokens: int = 64, block_size: int = 16) -> dict | None:
     """Median loop overhead per step (µs) at each burst size of ``rows`` and the line fitted
     over them (``scipy.stats.linregress``).
 
@@ -139,12 +140,9 @@ def main(argv=None) -> int:
     out["loop_overhead_fit"]["cpu_pinning"] = pinned
     print(json.dumps(out, indent=1))
     if args.profile is not None:
-        from schedsim.files import replaced_atomically
+        from schedsim.files import write_json
 
-        meta = json.loads(args.profile.read_text())
-        meta.update(out)
-        with replaced_atomically(args.profile) as tmp:
-            Path(tmp).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        write_json(args.profile, json.loads(args.profile.read_text()) | out)
     return 0
 
 
