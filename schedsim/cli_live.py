@@ -17,7 +17,7 @@ import typer
 
 from schedsim import cli_options as o
 from schedsim.errors import InputError
-from schedsim.host import parse_cpu, pin_cpu
+from schedsim.host import live_cpu_count, parse_cpu, pin_cpu
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
@@ -158,7 +158,7 @@ def execute_live(spec: LiveSpec):
     seq = np.where(requests.seq_len > 0, requests.seq_len, spec.seq_len)
     max_seq = int(seq.max()) if len(seq) else spec.seq_len
     # Before the engine (and torch's and CUDA's threads, which inherit the CPU set) exists.
-    pinning = pin_cpu(spec.cpu, count=inputs.instances)   # one CPU per instance's thread
+    pinning = pin_cpu(spec.cpu, count=live_cpu_count(inputs.instances))
     out = Path(spec.run.out)
     out.mkdir(parents=True, exist_ok=True)
     factory, info = engine_factory(spec, int(largest), max_seq, out)

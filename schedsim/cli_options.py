@@ -44,8 +44,9 @@ WarmupS = Annotated[float, typer.Option(help="Leave out requests arriving before
 RateScale = Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
 Cpu = Annotated[Optional[str], typer.Option(
-    help="Pin the process to one CPU before the engine starts: a CPU number, or auto (the fastest "
-         "by a short probe). Default: not pinned. Recorded as cpu_pinning in the machine metadata.")]
+    help="Pin the process before the engine starts: to a CPU number, or auto (the fastest by a "
+         "short probe; a live run takes one per instance plus one for the load generator). "
+         "Default: not pinned. Recorded as cpu_pinning in the machine metadata.")]
 
 
 def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:

@@ -69,8 +69,7 @@ def pin_cpu(spec, count: int = 1) -> dict | None:
     ``spec``: None does nothing and returns None; a CPU number pins to it; ``"auto"``
     times every allowed CPU (:func:`probe_cpus`, about 0.5 s on 16 CPUs) and pins to the
     fastest now (which is no promise that it stays the fastest), or to the ``count``
-    fastest: a run with two busy threads (two instances' dispatchers) pinned to one CPU
-    would make them take turns. Returns the record a result's provenance keeps: ``cpu``
+    fastest (a live run: :func:`live_cpu_count`; busy threads on too few CPUs take turns). Returns the record a result's provenance keeps: ``cpu``
     (the fastest), ``cpus``, ``how``, ``loop_ms`` on ``cpu`` after pinning, and for auto
     the probe. InputError for a CPU this process may not use, or no affinity support.
     """
@@ -95,6 +94,28 @@ def pin_cpu(spec, count: int = 1) -> dict | None:
     os.sched_setaffinity(0, set(cpus))
     record["cpu"], record["cpus"] = cpus[0], sorted(cpus)
     return record
+
+
+def set_process_cpus(cpus) -> None:
+    """Move every thread of this process (torch's and CUDA's included) to ``cpus``.
+
+    ``os.sched_setaffinity(0, ...)`` moves the calling thread alone, and threads started
+    earlier keep the set they were born with; this walks ``/proc/self/task``. A thread that
+    ends meanwhile is skipped."""
+    cpus = set(cpus)
+    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def live_cpu_count(instances: int) -> int:
+    """CPUs ``--cpu auto`` pins a live run to: one per instance's serving thread, plus one
+    for the load generator. With only one per instance, the H200's two-instance cells
+    issued requests up to 1.9 ms late at p99 (unpinned: 0.14-0.31 ms), because the
+    generator had no CPU of its own (experiments/fidelity/README.md, run 7)."""
+    return max(int(instances), 1) + 1
 
 
 def _ranges(cpus: list[int]) -> str:

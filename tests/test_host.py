@@ -120,6 +120,34 @@ def test_auto_with_a_count_takes_that_many_fastest(restore_affinity, monkeypatch
     assert given["cpus"] == [restore_affinity[0]] and os.sched_getaffinity(0) == {restore_affinity[0]}
 
 
+def test_live_runs_get_a_cpu_per_instance_and_one_for_the_load_generator():
+    assert [host.live_cpu_count(n) for n in (0, 1, 2, 4)] == [2, 2, 3, 5]
+
+
+@needs_affinity
+def test_set_process_cpus_moves_threads_started_before_it(restore_affinity):
+    import threading
+
+    release, started = threading.Event(), threading.Event()
+
+    def wait():
+        started.set()
+        release.wait(10)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    started.wait(10)
+    try:
+        one = {restore_affinity[-1]}
+        host.set_process_cpus(one)   # os.sched_setaffinity(0, ...) would move this thread alone
+        assert os.sched_getaffinity(t.native_id) == one and os.sched_getaffinity(0) == one
+    finally:
+        host.set_process_cpus(restore_affinity)
+        release.set()
+        t.join(10)
+    assert sorted(os.sched_getaffinity(0)) == restore_affinity
+
+
 @needs_affinity
 def test_probe_leaves_the_cpu_set_as_it_was(restore_affinity):
     probe = host.probe_cpus(restore_affinity, rounds=1, loops=2)
@@ -168,6 +196,17 @@ def test_live_records_the_pinning(trace, tmp_path):
     assert proc.returncode == 0, proc.stderr
     pinning = json.loads((out / "live.json").read_text())["machine"]["cpu_pinning"]
     assert pinning["cpu"] == cpu and pinning["how"] == "given"
+
+
+@needs_affinity
+def test_live_auto_pins_a_cpu_per_instance_plus_one(trace, tmp_path):
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "live"
+    proc = schedsim("live", trace, "--policy", "dynamic", "--max-batch-size", "4", "--backend", "onnxruntime",
+                    "--model", "builtin:bert-tiny", "--cpu", "auto", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    pinning = json.loads((out / "live.json").read_text())["machine"]["cpu_pinning"]
+    assert len(pinning["cpus"]) == min(2, len(os.sched_getaffinity(0))) and pinning["how"] == "auto"
 
 
 @needs_affinity

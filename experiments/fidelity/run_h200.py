@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.fidelity.cells import CELLS, capacity_rps, committed_profile_means  # noqa: E402
 from schedsim.errors import InputError  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.host import pin_cpu  # noqa: E402
+from schedsim.host import live_cpu_count, pin_cpu, set_process_cpus  # noqa: E402
 from schedsim.live import run_live, write_batches_csv  # noqa: E402
 from schedsim.metrics import summarize  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
@@ -110,16 +110,16 @@ def main(argv=None) -> int:
                     help="pin to this CPU: a number, auto (the fastest by a short probe) or none")
     args = ap.parse_args(argv)
     try:
-        # Before torch and CUDA start their threads (they inherit the CPU set).
-        # Two CPUs for the two-instance cells (their dispatchers would take turns on one);
-        # the one-instance cells run on the fastest alone.
-        pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=2)
+        # Before torch and CUDA start their threads (they inherit the CPU set). A cell runs on
+        # schedsim live's choice (live_cpu_count: one CPU per instance plus one for the load
+        # generator), the fastest first; set_process_cpus moves every thread per cell.
+        pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=live_cpu_count(2))
     except InputError as exc:
         ap.error(str(exc))
     if pinning:
-        os.sched_setaffinity(0, {pinning["cpu"]})
-        print(f"pinned to CPU {pinning['cpu']}, {pinning['cpus']} for two instances ({pinning['how']}; "
-              f"loop {pinning['loop_ms']:.3f} ms)", flush=True)
+        set_process_cpus(pinning["cpus"][:live_cpu_count(1)])
+        print(f"pinned to CPUs {pinning['cpus'][:live_cpu_count(1)]} (one instance), {pinning['cpus']} (two) "
+              f"({pinning['how']}; loop {pinning['loop_ms']:.3f} ms on {pinning['cpu']})", flush=True)
 
     import torch
 
@@ -181,8 +181,8 @@ def main(argv=None) -> int:
             requests = Requests.from_trace(trace)
             policy = build_policy(cell["policy"], dict(cell["params"]))
             ensure_runners(cell["instances"])
-            if pinning and cell["instances"] > 1:
-                os.sched_setaffinity(0, set(pinning["cpus"]))   # the instances' threads inherit it
+            if pinning:
+                set_process_cpus(pinning["cpus"][:live_cpu_count(cell["instances"])])
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
@@ -190,7 +190,8 @@ def main(argv=None) -> int:
                                      engine_warmup=1, time_limit_s=duration + 20.0)
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke,
-                    "cpu_pinning": pinning}
+                    "cpu_pinning": pinning,
+                    "cpus": pinning["cpus"][:live_cpu_count(cell["instances"])] if pinning else None}
             write_cell(cell_dir, cell, trace, result, extra, args.warmup_s, info)
             s = summarize(result, args.warmup_s)
             done.append(cell["name"])
