@@ -123,7 +123,8 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     """
     import csv
 
-    from schedsim.llm.cost import KV_FEATURE, StepCostModel, load_step_profile, real_kv_tokens, step_features
+    from schedsim.llm.cost import (KV_FEATURE, StepCostModel, load_step_profile, real_kv_tokens, serial_keys,
+                                   step_features)
     from schedsim.llm.shapes import context_blocks_array, graph_batch_array
 
     steps_csv = Path(steps_csv)
@@ -156,8 +157,11 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
         else:
             kv, kv_from = col["decode_rows"] * top, "decode_rows x (decode_max_context + 1), an upper bound"
         real_kv = real_kv_tokens(col["decode_rows"], kv, bs)
+    serial = None
+    if cost._attention is not None:   # the eager decode attention's serial keys (schedsim.llm.cost)
+        serial = np.where(graph == 1, 0, serial_keys(col["decode_rows"], dwidth, cost._attention, bs))
     feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
-                          col["prefill_context"], col["decode_rows"], dwidth, real_kv)
+                          col["prefill_context"], col["decode_rows"], dwidth, real_kv, serial)
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
     # A fit with the host time per composition prices the whole engine call (host and GPU),
     # what engine_ms times live; else the forward pass, against its CUDA-event time.

@@ -572,7 +572,8 @@ class PagedLLMEngine:
                                          if self._gqa_lower_right else
                                          "K/V heads repeated, lower-right causal SDPA"),
                 "graph_batch_sizes": list(self.graph_batch_sizes),
-                "decode_split_ctas": self.decode_split_ctas, "min_split_blocks": self.min_split_blocks}
+                "decode_split_ctas": self.decode_split_ctas, "min_split_blocks": self.min_split_blocks,
+                "kv_heads": self.cfg.kv_heads}
 
 
 def _lower_right(q_len: int, kv_len: int, device):

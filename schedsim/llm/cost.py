@@ -41,6 +41,15 @@ the tokens a second, steeper rate where the step's work outgrows its launches: a
 chunk of 512 / 1,024 / 2,048 / 4,096 / 8,192 tokens took 7.5 / 8.3 / 12.9 / 24.9 / 53.5 ms
 on the H200 (held-out error 6.5% without the term, 5.7% with it).
 
+*Serial keys* (only for a profile whose sidecar has :data:`ATTENTION_KEY`): one more eager
+term, ``+ e9 S``, where ``S`` (:func:`serial_keys`) counts the keys one kernel block of the
+decode attention sweeps, times the waves of blocks over the GPU's multiprocessors. The
+memory-efficient kernel an eager step uses runs a block per (decode row, KV head) over the
+row's whole padded width, unless the width splits into segments; with fewer blocks than
+multiprocessors its time follows ``S``, not the keys in all. On the H200 one decode at
+32,000 tokens beside an 8,192-token chunk added 30 ms, at 32,767 tokens (which splits) 3 ms
+(experiments/llm_profile/few-decodes/).
+
 *Real KV tokens* (only for a profile with the :data:`KV_COLUMN` column, which says how
 many tokens the decode rows really hold when their contexts differ): one more term, for
 graph and eager steps alike::
@@ -102,7 +111,9 @@ torch version, model, dtype, cuda_graphs, date, command) and what the model read
 ``block_size`` (default 16), ``cuda_graph_batch_sizes`` (default
 :data:`~schedsim.llm.shapes.CUDA_GRAPH_BATCH_SIZES`; ``cuda_graphs: false``, at the top
 level or under ``provenance``, means none),
-``max_context_measured``, ``swap_gb_per_s`` (host<->device copy bandwidth, GB/s = 1e9
+``max_context_measured``, ``decode_attention`` (:class:`DecodeAttention`: ``kv_heads``,
+``split_ctas``, ``min_split_blocks``, ``multiprocessors``; optional, gives the serial-keys
+term), ``swap_gb_per_s`` (host<->device copy bandwidth, GB/s = 1e9
 bytes/s, optional), ``step_overhead_us`` (host time per step outside the forward pass,
 default 0), ``loop_overhead_us`` and ``loop_overhead_us_per_row`` (the serving loop's
 host time per step between engine calls, scheduling and token hand-back:
@@ -159,6 +170,11 @@ EAGER_KNEE_TOKENS = 1024
 ``eager_tokens_over_knee``): below it a step costs about its launches whatever its size."""
 KV_FEATURE = "decode_real_kv_tokens"
 """The feature a profile with :data:`KV_COLUMN` adds, last."""
+SERIAL_FEATURE = "eager_decode_serial_keys"
+"""The feature a profile whose sidecar has :data:`ATTENTION_KEY` adds, before :data:`KV_FEATURE`."""
+ATTENTION_KEY = "decode_attention"
+"""Sidecar object: how the engine launches an eager step's decode attention
+(:class:`DecodeAttention`), which :func:`serial_keys` needs."""
 
 HELD_OUT_EVERY = 5
 SPLIT_RULE = "rows in file order; row i (0-based) held out when i % 5 == 4, the rest fitted"
@@ -171,23 +187,78 @@ class ContextExtrapolationWarning(UserWarning):
 
 # ----------------------------------------------------------------------------- features
 
-def features_of(columns) -> tuple[str, ...]:
-    """The features a profile's table supports: :data:`FEATURES`, plus :data:`KV_FEATURE`
-    when it has :data:`KV_COLUMN`."""
-    return FEATURES + (KV_FEATURE,) if KV_COLUMN in columns else FEATURES
+def features_of(columns, attention: "DecodeAttention | None" = None) -> tuple[str, ...]:
+    """The features a profile supports: :data:`FEATURES`, then :data:`SERIAL_FEATURE` when
+    its sidecar describes the decode attention, then :data:`KV_FEATURE` when the table has
+    :data:`KV_COLUMN`."""
+    serial = (SERIAL_FEATURE,) if attention is not None else ()
+    return FEATURES + serial + ((KV_FEATURE,) if KV_COLUMN in columns else ())
+
+
+@dataclass(frozen=True)
+class DecodeAttention:
+    """How the engine runs an eager step's decode attention (sidecar :data:`ATTENTION_KEY`).
+
+    The memory-efficient SDPA kernel runs one block of threads per (decode row, KV head),
+    and sweeps that row's whole padded width in it, unless the width splits into segments
+    (:meth:`~schedsim.engines.llm_engine.PagedLLMEngine.decode_splits`: batches of at most
+    ``split_ctas // 8`` (row, KV head) pairs, widths of an even number of blocks). With
+    fewer blocks than the GPU has multiprocessors, the time follows the keys one block
+    sweeps, not the keys in all: on the H200 an 8,192-token chunk took 0.8 ms + 1.03 ms per
+    1,000 such keys more beside 1-16 decodes (30 ms for one decode at 32,000 tokens,
+    3 ms at 32,767, which splits; experiments/llm_profile/few-decodes/).
+    """
+
+    kv_heads: int
+    split_ctas: int
+    min_split_blocks: int
+    multiprocessors: int
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "DecodeAttention | None":
+        v = meta.get(ATTENTION_KEY)
+        if v is None:
+            return None
+        return cls(**{k: int(v[k]) for k in ("kv_heads", "split_ctas", "min_split_blocks", "multiprocessors")})
+
+    def splits(self, decodes: int, width_blocks: int) -> int:
+        """Segments the width is cut into: the engine's decode_splits, restated."""
+        s, pairs = 1, decodes * self.kv_heads
+        if pairs > self.split_ctas // 8:
+            return 1
+        while (pairs * s * 2 <= self.split_ctas and width_blocks % (2 * s) == 0
+               and width_blocks // (2 * s) >= self.min_split_blocks):
+            s *= 2
+        return s
+
+
+def serial_keys(decodes, decode_width, attention: DecodeAttention, block_size: int):
+    """Feature :data:`SERIAL_FEATURE` of eager steps: the keys one kernel block sweeps
+    (``decode_width / s`` for ``s`` segments) times the waves of ``decodes x kv_heads x s``
+    blocks over the multiprocessors; 0 without decodes. Integers, or int64 arrays."""
+    if not isinstance(decodes, np.ndarray):
+        if not decodes:
+            return 0
+        s = attention.splits(decodes, decode_width // block_size)
+        return -(-(decodes * attention.kv_heads * s) // attention.multiprocessors) * (decode_width // s)
+    out = np.zeros(decodes.shape, dtype=np.int64)
+    for i in np.flatnonzero(decodes):
+        out[i] = serial_keys(int(decodes[i]), int(decode_width[i]), attention, block_size)
+    return out
 
 
 def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention,
-                  prefill_context, decode_seqs, decode_width, real_kv=None):
-    """The features (:data:`FEATURES`, then :data:`KV_FEATURE` when ``real_kv`` is given)
-    of steps given their summary.
+                  prefill_context, decode_seqs, decode_width, real_kv=None, serial=None):
+    """The features (:data:`FEATURES`, then :data:`SERIAL_FEATURE` when ``serial`` is given,
+    then :data:`KV_FEATURE` when ``real_kv`` is) of steps given their summary.
 
     Arguments are Python integers (one step) or int64 arrays (many); arithmetic only, so
     both give the same numbers. ``graph`` is 1 for a graph step, else 0; ``padded_batch``
     and ``graph_width`` are G and W of a graph step; ``tokens``, ``prefill_seqs``,
     ``prefill_attention``, ``prefill_context``, ``decode_seqs`` and ``decode_width`` (D)
     describe an eager step; ``real_kv`` is :func:`real_kv_tokens` of the decode rows, of
-    either kind of step (module docstring).
+    either kind of step (module docstring); ``serial`` is :func:`serial_keys` of an eager
+    step's decodes (0 for a graph step).
     """
     eager = 1 - graph
     gathered = graph * padded_batch * graph_width
@@ -203,6 +274,8 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
              # their work (H200: 7.5 / 8.3 / 12.9 / 24.9 / 53.5 ms at 512-8,192 tokens alone):
              # a second, steeper rate per token, which one linear rate cannot give.
              eager * (tokens > EAGER_KNEE_TOKENS) * (tokens - EAGER_KNEE_TOKENS))
+    if serial is not None:
+        feats = feats + (eager * serial,)
     return feats if real_kv is None else feats + (real_kv,)
 
 
@@ -302,10 +375,16 @@ def profile_summaries(columns: dict, block_size: int, graph_sizes: tuple[int, ..
     return summary + (real_kv_tokens(ds, kv, block_size),)
 
 
-def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> np.ndarray:
-    """(rows, features) float64 features of a step profile's rows."""
+def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
+                   attention: DecodeAttention | None = None) -> np.ndarray:
+    """(rows, features) float64 features of a step profile's rows (:func:`features_of`)."""
     n = len(columns[COMPOSITION[0]])
-    feats = step_features(*profile_summaries(columns, block_size, graph_sizes))
+    summary = profile_summaries(columns, block_size, graph_sizes)
+    serial = None
+    if attention is not None:
+        graph, decodes, dwidth = summary[0], summary[7], summary[8]
+        serial = np.where(graph == 1, 0, serial_keys(decodes, dwidth, attention, block_size))
+    feats = step_features(*summary[:9], real_kv=summary[9] if len(summary) > 9 else None, serial=serial)
     return np.column_stack([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f in feats])
 
 
@@ -341,6 +420,12 @@ class StepProfile:
         if self.meta.get("cuda_graphs") is False or (isinstance(prov, dict) and prov.get("cuda_graphs") is False):
             return ()
         return tuple(int(b) for b in self.meta.get("cuda_graph_batch_sizes", CUDA_GRAPH_BATCH_SIZES))
+
+    @property
+    def decode_attention(self) -> DecodeAttention | None:
+        """How the engine ran eager decode attention (sidecar :data:`ATTENTION_KEY`); None
+        without it, and then the model has no :data:`SERIAL_FEATURE`."""
+        return DecodeAttention.from_meta(self.meta)
 
     @property
     def max_context_measured(self) -> int:
@@ -540,6 +625,13 @@ def _validate_meta(meta, src: str) -> dict:
         raise InputError(f"{where(src, None, 'cuda_graphs')}: {meta['cuda_graphs']!r} must be true or false")
     if meta.get("swap_gb_per_s") is not None and not is_num(meta["swap_gb_per_s"], True):
         raise InputError(f"{where(src, None, 'swap_gb_per_s')}: {meta['swap_gb_per_s']!r} must be a number > 0 (GB/s)")
+    if meta.get(ATTENTION_KEY) is not None:
+        v = meta[ATTENTION_KEY]
+        names = ("kv_heads", "split_ctas", "min_split_blocks", "multiprocessors")
+        bad = next((k for k in names if not (isinstance(v, dict) and is_int(v.get(k), 1))), None)
+        if bad is not None:
+            raise InputError(f"{where(src, None, ATTENTION_KEY + '.' + bad)}: must be an integer >= 1 "
+                             f"(an object with {', '.join(names)})")
     for key in ("step_overhead_us",) + LOOP_KEYS:
         if meta.get(key) is not None and not is_num(meta[key], False):
             raise InputError(f"{where(src, None, key)}: {meta[key]!r} must be a number >= 0 (microseconds)")
@@ -613,12 +705,17 @@ class StepFit:
                 "split": self.split}
 
 
-def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...]) -> str:
+def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
+                 attention: DecodeAttention | None = None) -> str:
     """sha256 of everything a fit depends on: the table's columns, the padding settings and
-    the feature set. A sidecar fit recorded under the same digest need not be redone."""
+    the feature set (with the decode-attention settings, when there are any). A sidecar fit
+    recorded under the same digest need not be redone."""
     import hashlib
 
-    h = hashlib.sha256(repr((features_of(columns), SPLIT_RULE, int(block_size), tuple(graph_sizes))).encode())
+    settings = (features_of(columns, attention), SPLIT_RULE, int(block_size), tuple(graph_sizes))
+    if attention is not None:   # a profile without them hashes as before they existed
+        settings += (attention,)
+    h = hashlib.sha256(repr(settings).encode())
     # Host then KV: a table without the KV column hashes as it did before the column existed.
     for c in COLUMNS + tuple(c for c in (HOST_COLUMN, KV_COLUMN) if c in columns):
         h.update(np.ascontiguousarray(columns[c], dtype=np.float64).tobytes())
@@ -638,10 +735,11 @@ def stored_fit(profile: "StepProfile") -> StepFit | None:
     """The sidecar's fit, if it was made from this very table with today's features
     (it then equals what :func:`fit_step_profile` returns, and spares importing scipy)."""
     rec = profile.meta.get("fit")
-    features = features_of(profile.columns)
+    attention = profile.decode_attention
+    features = features_of(profile.columns, attention)
     if not isinstance(rec, dict) or rec.get("features") != list(features):
         return None
-    digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes)
+    digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes, attention)
     coefs = rec.get("coefficients_ms")
     if rec.get("table_sha256") != digest or not isinstance(coefs, dict):
         return None
@@ -686,7 +784,8 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     if n < HELD_OUT_EVERY:
         raise InputError(f"{table.source}: {n} rows are too few to fit and check a step model "
                          f"(need at least {HELD_OUT_EVERY}; one in {HELD_OUT_EVERY} is held out)")
-    X = feature_matrix(table.columns, bs, sizes)
+    attention = table.decode_attention
+    X = feature_matrix(table.columns, bs, sizes, attention)
     target, y = fit_target(table.columns)
     held = heldout_rows(n)
     train = ~held
@@ -700,8 +799,8 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     held_err = err[held]
     return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
                    train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
-                   heldout=held, features=features_of(table.columns),
-                   table_sha256=table_digest(table.columns, bs, sizes), target=target)
+                   heldout=held, features=features_of(table.columns, attention),
+                   table_sha256=table_digest(table.columns, bs, sizes, attention), target=target)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -759,6 +858,8 @@ class StepCostModel:
         if fit.features[-1] == KV_FEATURE and not self._real_kv:
             coef.pop()
         self._coef = coef
+        # The eager decode attention's serial keys, where the fit has the feature.
+        self._attention = profile.decode_attention if SERIAL_FEATURE in fit.features else None
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     @classmethod
@@ -803,7 +904,8 @@ class StepCostModel:
             if top > self.max_context_measured:
                 self._beyond(top)
             s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
-            feats = step_features(*s, real) if self._real_kv else step_features(*s)
+            serial = serial_keys(nd, dwidth, self._attention, bs) if self._attention else None
+            feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial)
             x = _combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
@@ -902,8 +1004,12 @@ class StepCostModel:
         if len(self._decode_memo) >= 1 << 16:   # eager steps over ever longer contexts
             self._decode_memo.clear()
         padded = graph_batch(n, self.graph_sizes) if self.graph_sizes else 0
-        s = (1, padded, width, 0, 0, 0, 0, 0, 0) if padded else (0, 0, 0, n, 0, 0, 0, n, width)
-        t = self._decode_memo[(n, width)] = _combine(self._coef, step_features(*s))
+        if padded:   # a graph step: no serial keys (the zip in _combine leaves their weight out)
+            feats = step_features(1, padded, width, 0, 0, 0, 0, 0, 0)
+        else:
+            serial = serial_keys(n, width, self._attention, self.block_size) if self._attention else None
+            feats = step_features(0, 0, 0, n, 0, 0, 0, n, width, serial=serial)
+        t = self._decode_memo[(n, width)] = _combine(self._coef, feats)
         return t
 
     def _swap_ns(self, blocks: int) -> float:

@@ -737,6 +737,13 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
                                       and describe.get("cuda_graphs")],
         "engine": describe,
         "machine": machine,
+        # What schedsim.llm.cost's serial-keys feature needs: the eager decode attention's
+        # kernel blocks per (row, KV head) and split rule, and the multiprocessors they share.
+        "decode_attention": ({"kv_heads": describe["kv_heads"], "split_ctas": describe["decode_split_ctas"],
+                              "min_split_blocks": describe["min_split_blocks"],
+                              "multiprocessors": machine["gpu_multiprocessors"]}
+                             if is_cuda and machine.get("gpu_multiprocessors") and "kv_heads" in describe
+                             else None),
         "cpu_pinning": extras.get("cpu_pinning"),
         "warnings": warnings,
     }
