@@ -81,3 +81,23 @@ def test_compare_live_runs_reports_each_cells_spread(tmp_path):
     assert out.loc["x", "max_diff_pct"] == pytest.approx(25.0)
     assert out.loc["y", "max_diff_pct"] == pytest.approx(25.0)
     assert out.loc["x", "runs"] == 2
+
+
+def test_pooled_compares_the_prediction_with_the_median_of_the_live_runs():
+    pooled = load("pooled").pooled
+
+    def table(measured: dict, predicted=2.0):
+        return pd.DataFrame({"cell": list(measured), "instances": [2 if "2inst" in c else 1 for c in measured],
+                             "p99_predicted": predicted, "p99_measured": list(measured.values())})
+
+    runs = {"a": table({"x": 1.0, "y-2inst": 4.0}), "b": table({"x": 2.5, "y-2inst": 9.0}),
+            "c": table({"x": 2.2, "y-2inst": 5.0})}
+    out = pooled(runs, exclude_two_instance={"b"})
+    assert out.loc["x", "runs"] == 3 and out.loc["x", "p99_live_median"] == 2.2
+    assert out.loc["x", "p99_err_pct"] == pytest.approx((2.0 / 2.2 - 1) * 100)
+    assert out.loc["x", "within_live_range"]
+    # Run b's two-instance cell is left out: the median of 4 and 5.
+    assert out.loc["y-2inst", "runs"] == 2 and out.loc["y-2inst", "p99_live_median"] == 4.5
+    assert not out.loc["y-2inst", "within_live_range"]
+    # A cell seen in one run only has no median to speak of.
+    assert "z" not in pooled({"a": table({"z": 1.0}), "b": table({"x": 1.0})}).index

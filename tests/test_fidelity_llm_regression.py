@@ -1,10 +1,11 @@
-"""The LLM model against the committed live H200 run 7 (experiments/fidelity-llm/run7).
+"""The LLM model against the committed live H200 runs 7 and 9 (experiments/fidelity-llm/).
 
 The live side is a measurement and never changes; the simulated side is this checkout's
 simulator, policies and bundled step profile. So these fail when a change to any of them
 moves the predictions away from what the engine did. Bounds sit a little above what the
-model scored when run 7 was committed (README there): request-latency median abs error
-5.4%, decode (graph) steps -4..+2% at the median per cell.
+model scored (README there): request-latency median abs error 4.9% on run 7, decode
+(graph) steps -5..+3% and eager steps -7..+14% at the median per cell on runs 7 and 9,
+Mooncake's eager steps -16% and -17%.
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ def analyze():
     return _analyze_module()
 
 
+@pytest.mark.parametrize("run", ["run7", "run9"])
 @pytest.mark.parametrize("cell", ["paged-light", "paged-medium", "paged-near", "paged-prefix-medium",
                                   "paged-preempt-medium", "continuous-max-medium", "continuous-max-near",
                                   "static-b8-medium", "mooncake-prefix"])
-def test_the_step_model_prices_the_logged_live_steps(analyze, cell):
-    out = analyze.step_errors(RUN / "cells" / cell / "live_steps.csv")   # read from the committed .csv.gz
+def test_the_step_model_prices_the_logged_live_steps(analyze, run, cell):
+    out = analyze.step_errors(HERE / run / "cells" / cell / "live_steps.csv")   # read from the committed .csv.gz
     assert out["step_graph_n"] > 1000
     assert abs(out["step_graph_err_p50_pct"]) <= 6.0
-    # Eager steps: within 12% at the median; Mooncake's 8,192-token chunks beside long
-    # decodes are the known miss (-21% when committed).
-    assert abs(out["step_eager_err_p50_pct"]) <= (30.0 if cell == "mooncake-prefix" else 12.0)
+    # Eager steps: within 15% at the median; Mooncake's 8,192-token chunks beside long
+    # decodes are the known miss (-21% before the serial-keys term, -16% and -17% after).
+    assert abs(out["step_eager_err_p50_pct"]) <= (20.0 if cell == "mooncake-prefix" else 15.0)
 
 
 def test_request_latency_predictions_hold_on_run7(tmp_path):
@@ -52,7 +54,7 @@ def test_request_latency_predictions_hold_on_run7(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cells"] == 9
-    assert summary["latency_abs_err_pct_median"] <= 6.5
+    assert summary["latency_abs_err_pct_median"] <= 5.5
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "fidelity_llm.csv")
