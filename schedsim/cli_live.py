@@ -314,7 +314,7 @@ def live(
 
 def validate(
     sim: Annotated[Path, typer.Option(help="Output directory of schedsim run (the prediction).")],
-    live_dir: Annotated[Path, typer.Option("--live", help="Output directory of schedsim live (the measurement).")],
+    live_dir: Annotated[list[Path], typer.Option("--live", help="Output directory of schedsim live (the measurement); give it again for more runs of the same trace: the median of the runs is then the measurement.")],
     out: Annotated[Optional[Path], typer.Option(help="Write validation.json (and the plot) here instead of the live directory.")] = None,
     plot: Annotated[bool, typer.Option(help="Write latency_cdf_validation.png: predicted and measured CDFs overlaid.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print validation.json instead of a table.")] = False,

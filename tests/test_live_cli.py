@@ -61,6 +61,17 @@ def test_validate_against_schedsim_run(trace, live_dir, tmp_path):
     assert (tmp_path / "v" / "latency_cdf_validation.png").is_file()
 
 
+def test_validate_takes_several_live_runs(trace, live_dir, tmp_path):
+    sim = tmp_path / "sim"
+    assert schedsim("run", trace, *POLICY, "--profile", PROFILE, "--warmup-s", "0.1", "--out", sim).returncode == 0
+    proc = schedsim("validate", "--sim", sim, "--live", live_dir, "--live", live_dir, "--out", tmp_path / "v")
+    assert proc.returncode == 0, proc.stderr
+    assert "the median of 2 live runs" in proc.stdout and "range" in proc.stdout
+    v = json.loads((tmp_path / "v" / "validation.json").read_text())
+    one = json.loads((live_dir / "summary.json").read_text())["p99_ms"]
+    assert v["live_runs"] == 2 and v["metrics"]["p99"]["measured_runs"] == [one, one]
+
+
 def test_time_limit_marks_the_outputs_partial(trace, tmp_path):
     proc = schedsim("live", trace, *POLICY, "--backend", "onnxruntime", "--model", "builtin:bert-tiny",
                     "--time-limit-s", "0.3", "--out", tmp_path / "p")

@@ -108,3 +108,40 @@ def test_mismatched_inputs_are_refused(tmp_path, arrivals, case, needle):
         _run_dir(live, arrivals, lambda b: 1.0, warmup_s=1.0)
     with pytest.raises(InputError, match=needle):
         validate_dirs(tmp_path / "sim", live)
+
+
+def test_several_live_runs_are_one_measurement_their_median(tmp_path, arrivals):
+    sim, sim_res = _run_dir(tmp_path / "sim", arrivals, lambda b: 1.0 + 0.1 * b)
+    lives = []
+    for i, slower in enumerate((0.95, 1.02, 1.20)):   # three "runs" of the same trace
+        s, r = _run_dir(tmp_path / f"live{i}", arrivals, lambda b, k=slower: k * (1.0 + 0.1 * b))
+        lives.append((s, r))
+    report = validate_dirs(tmp_path / "sim", [tmp_path / f"live{i}" for i in range(3)], out=tmp_path / "v")
+    p99s = [s["p99_ms"] for s, _ in lives]
+    row = report["metrics"]["p99"]
+    assert row["measured"] == pytest.approx(np.median(p99s)) and row["measured_runs"] == p99s
+    assert report["p99_err_pct"] == pytest.approx(err_pct(sim["p99_ms"], np.median(p99s)))
+    assert row["measured_range"] == [min(p99s), max(p99s)]
+    assert row["predicted_in_measured_range"] is (min(p99s) <= sim["p99_ms"] <= max(p99s))
+    lat = lambda r: (r.end_ns - r.requests.arrival_ns) / 1e6  # noqa: E731
+    pooled = np.concatenate([lat(r) for _, r in lives])
+    assert report["ks_stat"] == pytest.approx(ks_2samp(lat(sim_res), pooled).statistic)
+    assert report["live_runs"] == 3 and len(report["live_dirs"]) == 3
+    assert json.loads((tmp_path / "v" / "validation.json").read_text())["live_runs"] == 3
+
+
+def test_one_live_run_in_a_list_is_the_single_run_report(tmp_path, arrivals):
+    _run_dir(tmp_path / "sim", arrivals, lambda b: 1.0)
+    _run_dir(tmp_path / "live", arrivals, lambda b: 1.05)
+    one = validate_dirs(tmp_path / "sim", tmp_path / "live", out=tmp_path / "a")
+    listed = validate_dirs(tmp_path / "sim", [tmp_path / "live"], out=tmp_path / "b")
+    assert {k: v for k, v in one.items() if k != "written"} == {k: v for k, v in listed.items() if k != "written"}
+    assert "live_runs" not in listed
+
+
+def test_a_mismatched_run_among_several_is_refused_by_name(tmp_path, arrivals):
+    _run_dir(tmp_path / "sim", arrivals, lambda b: 1.0)
+    _run_dir(tmp_path / "live0", arrivals, lambda b: 1.0)
+    _run_dir(tmp_path / "live1", arrivals[:-1], lambda b: 1.0)
+    with pytest.raises(InputError, match="live1.*different traces"):
+        validate_dirs(tmp_path / "sim", [tmp_path / "live0", tmp_path / "live1"])
