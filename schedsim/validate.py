@@ -14,7 +14,7 @@ and the runs' range is reported with whether the prediction falls inside it. A s
 live run on a shared machine can move its p99 by several percent from the next (on the
 H200 here a median 6% between runs; experiments/fidelity/pooled.py), so the median of a
 few is the steadier thing to predict. The KS statistic is then against all runs'
-latencies pooled.
+latencies pooled (for LLM runs, each of TTFT, TPOT and E2E).
 """
 
 from __future__ import annotations
@@ -132,25 +132,33 @@ def compare(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
     return out
 
 
+def pooled_metric(rows: list[dict], err=None) -> dict:
+    """One metric's row from its rows against several live runs (the same prediction in
+    each): the measured value becomes the median over the runs, the error is against it
+    (``err(predicted, measured)``, default :func:`err_pct`), plus the runs' values
+    (``measured_runs``), their range and whether the prediction lies inside it."""
+    err = err or err_pct
+    values = [r["measured"] for r in rows]
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    row = dict(rows[0])
+    row.pop("measured_in_ci", None)
+    m = float(np.median(finite)) if finite else None
+    p = row["predicted"]
+    row.update(measured=m, measured_runs=values, err_pct=err(p, m),
+               measured_range=[min(finite), max(finite)] if finite else None)
+    row["predicted_in_measured_range"] = bool(finite and p is not None and min(finite) <= p <= max(finite))
+    if row.get("predicted_ci") and m is not None:
+        row["measured_in_ci"] = bool(row["predicted_ci"][0] <= m <= row["predicted_ci"][1])
+    return row
+
+
 def pool_runs(reports: list[dict]) -> dict:
     """One comparison from several (:func:`compare` of the same prediction against each live
-    run): per metric the median of the measured values, the error against it, the runs'
-    values and range, and whether the prediction lies inside the range."""
+    run): every metric :func:`pooled_metric`, KS against the runs' latencies pooled."""
     first = reports[0]
     out: dict = {"metrics": {}, "live_runs": len(reports)}
     for key, _, _ in METRICS:
-        values = [r["metrics"][key]["measured"] for r in reports]
-        finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-        row = dict(first["metrics"][key])
-        row.pop("measured_in_ci", None)
-        m = float(np.median(finite)) if finite else None
-        p = row["predicted"]
-        row.update(measured=m, measured_runs=values, err_pct=err_pct(p, m),
-                   measured_range=[min(finite), max(finite)] if finite else None)
-        row["predicted_in_measured_range"] = bool(finite and p is not None and min(finite) <= p <= max(finite))
-        if row.get("predicted_ci") and m is not None:
-            row["measured_in_ci"] = bool(row["predicted_ci"][0] <= m <= row["predicted_ci"][1])
-        out["metrics"][key] = row
+        row = out["metrics"][key] = pooled_metric([r["metrics"][key] for r in reports])
         out[f"{key}_err_pct"] = row["err_pct"]
     lat_sim = first["_latencies"][0]
     lat_live = np.sort(np.concatenate([r["_latencies"][1] for r in reports]))
@@ -170,6 +178,23 @@ def pool_runs(reports: list[dict]) -> dict:
     return out
 
 
+def compare_runs(sim_dir, live_dirs: list, load, compare_fn, pool_fn) -> tuple:
+    """Load the prediction and each live run (``load(path, flag)``), check each replayed the
+    same trace and settings, compare (``compare_fn``) and, for several runs, pool
+    (``pool_fn``). Returns (sim, sim_cols, live, live_cols, report) with the last live run's
+    summary and columns (the trace and settings are the same in all)."""
+    sim, sim_cols = load(sim_dir, "--sim")
+    reports = []
+    for d in live_dirs:
+        live, live_cols = load(d, "--live")
+        _check_same(sim, live, sim_cols, live_cols, sim_dir, d)
+        reports.append(compare_fn(sim, live, sim_cols, live_cols))
+    report = reports[0] if len(reports) == 1 else pool_fn(reports)
+    if len(reports) > 1:
+        report["live_dirs"] = [str(d) for d in live_dirs]
+    return sim, sim_cols, live, live_cols, report
+
+
 def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     """Compare a prediction with one live run (or several: ``live_dir`` a list, see the module
     docstring); write validation.json (and the plot) into ``out``, by default the (first)
@@ -181,17 +206,9 @@ def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     if _is_llm_dir(sim_dir) or any(_is_llm_dir(d) for d in live_dirs):
         from schedsim.llm.validate import validate_llm_dirs
 
-        if len(live_dirs) > 1:
-            raise InputError(f"--live: {len(live_dirs)} LLM runs given; LLM runs are validated one at a time")
-        return validate_llm_dirs(sim_dir, live_dirs[0], out=out, plot=plot)
+        return validate_llm_dirs(sim_dir, live_dirs, out=out, plot=plot)
     # --- end LLM ---
-    sim, sim_cols = _load_dir(sim_dir, "--sim")
-    reports = []
-    for d in live_dirs:
-        live, live_cols = _load_dir(d, "--live")
-        _check_same(sim, live, sim_cols, live_cols, sim_dir, d)
-        reports.append(compare(sim, live, sim_cols, live_cols))
-    report = reports[0] if len(reports) == 1 else pool_runs(reports)
+    sim, sim_cols, live, live_cols, report = compare_runs(sim_dir, live_dirs, _load_dir, compare, pool_runs)
     live_dir = live_dirs[0]
     lat_sim, lat_live = report.pop("_latencies")
     report.update(sim_dir=str(sim_dir), live_dir=str(live_dir),
@@ -199,8 +216,6 @@ def validate_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
                   policy=live.get("config", {}).get("policy"), params=live.get("config", {}).get("params"),
                   instances=live.get("config", {}).get("instances"),
                   warmup_s=live.get("config", {}).get("warmup_s"))
-    if len(live_dirs) > 1:
-        report["live_dirs"] = [str(d) for d in live_dirs]
     out_dir = Path(out) if out is not None else Path(live_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from schedsim.files import write_json

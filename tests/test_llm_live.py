@@ -332,6 +332,20 @@ def test_cli_live_then_validate_against_run(tmp_path, token_trace):
         assert key in report
     assert (live_dir / "llm_cdf_validation.png").stat().st_size > 0
 
+    # Several live runs are one measurement, their median: here the live run twice and the
+    # prediction itself as a third "run", so the medians are the live run's values and the
+    # prediction lies inside every range.
+    proc = schedsim("validate", "--sim", sim_dir, "--live", live_dir, "--live", sim_dir, "--live", live_dir,
+                    "--out", tmp_path / "v3")
+    assert proc.returncode == 0, proc.stderr
+    assert "the median of 3 live runs" in proc.stdout
+    pooled = json.loads((tmp_path / "v3" / "validation.json").read_text())
+    assert pooled["live_runs"] == 3 and pooled["kind"] == "llm"
+    for key in ("ttft_p99", "tpot_p50", "e2e_p50"):
+        row, single = pooled["metrics"][key], report["metrics"][key]
+        assert row["measured"] == pytest.approx(single["measured"]) and row["err_pct"] == pytest.approx(single["err_pct"])
+        assert row["measured_runs"][1] == pytest.approx(single["predicted"]) and row["predicted_in_measured_range"]
+
 
 @pytest.mark.parametrize("args,needle", [
     (["--policy", "dynamic"], "needs an LLM policy"),

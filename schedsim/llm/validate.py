@@ -115,15 +115,48 @@ def compare_llm(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
     return out
 
 
-def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
-    """Compare two LLM output directories, write validation.json (and the plot); return the report."""
-    from schedsim.files import write_json
-    from schedsim.validate import _check_same, arrival_hash
+def pool_llm_runs(reports: list[dict]) -> dict:
+    """One LLM comparison from several (:func:`compare_llm` against each live run): each
+    metric's measurement the median over the runs (:func:`schedsim.validate.pooled_metric`),
+    targets judged on it, KS against each distribution pooled over the runs."""
+    from scipy.stats import ks_2samp
 
-    sim, sim_cols = _load(sim_dir, "--sim")
-    live, live_cols = _load(live_dir, "--live")
-    _check_same(sim, live, sim_cols, live_cols, sim_dir, live_dir)
-    report = compare_llm(sim, live, sim_cols, live_cols)
+    from schedsim.validate import pooled_metric
+
+    first = reports[0]
+    out = {k: v for k, v in first.items() if k not in ("metrics", "ks", "_dists")}
+    out.update(metrics={}, ks={}, live_runs=len(reports))
+    for key, _, _ in LLM_METRICS:
+        row = out["metrics"][key] = pooled_metric([r["metrics"][key] for r in reports], err=_err)
+        if key in TARGETS_PCT:
+            row["within_target"] = bool(math.isfinite(row["err_pct"]) and abs(row["err_pct"]) <= TARGETS_PCT[key])
+        out[f"{key}_err_pct"] = row["err_pct"]
+    dists = {}
+    for name in DISTRIBUTIONS:
+        a = first["_dists"][name][0]
+        b = np.sort(np.concatenate([r["_dists"][name][1] for r in reports]))
+        dists[name] = (a, b)
+        stat = ks_2samp(a, b) if a.size and b.size else None
+        out["ks"][name] = {"stat": float(stat.statistic) if stat else math.nan,
+                           "pvalue": float(stat.pvalue) if stat else math.nan}
+        out[f"ks_stat_{name}"] = out["ks"][name]["stat"]
+    out["targets_met"] = all(out["metrics"][k].get("within_target", False) for k in TARGETS_PCT)
+    for key in ("completed", "rejected", "failed", "unfinished"):
+        out[key] = {"predicted": first[key]["predicted"], "measured_runs": [r[key]["measured"] for r in reports]}
+    out["live_timing"] = [r["live_timing"] for r in reports]
+    out["_dists"] = dists
+    return out
+
+
+def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
+    """Compare an LLM prediction with one live run (or several: ``live_dir`` a list, their
+    median the measurement); write validation.json (and the plot); return the report."""
+    from schedsim.files import write_json
+    from schedsim.validate import arrival_hash, compare_runs
+
+    live_dirs = [live_dir] if isinstance(live_dir, (str, Path)) else list(live_dir)
+    sim, sim_cols, live, live_cols, report = compare_runs(sim_dir, live_dirs, _load, compare_llm, pool_llm_runs)
+    live_dir = live_dirs[0]
     dists = report.pop("_dists")
     cfg = live.get("config", {})
     report.update(sim_dir=str(sim_dir), live_dir=str(live_dir), trace_requests=len(live_cols["arrival_s"]),
@@ -173,11 +206,13 @@ def print_llm_validation(report: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]predicted {report['sim_dir']} vs measured {report['live_dir']}[/bold]: "
+    runs = report.get("live_runs", 1)
+    measured = f"the median of {runs} live runs" if runs > 1 else report["live_dir"]
+    console.print(f"[bold]predicted {report['sim_dir']} vs measured {measured}[/bold]: "
                   f"{report['trace_requests']:,} requests, policy {report['policy']}, {report.get('model')} "
                   f"on {report.get('device')}")
     table = Table(box=None, header_style="bold")
-    for col in ("metric", "predicted", "measured", "error", "target"):
+    for col in ("metric", "predicted", "measured", "error", "target") + (("live runs' range",) if runs > 1 else ()):
         table.add_column(col, justify="left" if col == "metric" else "right")
 
     def num(v):
@@ -190,11 +225,17 @@ def print_llm_validation(report: dict) -> None:
         target = ""
         if "target_pct" in row:
             target = f"{'ok' if row['within_target'] else 'MISS'} (±{row['target_pct']:g}%)"
-        table.add_row(row["label"], num(row["predicted"]), num(row["measured"]),
-                      "-" if not math.isfinite(e) else f"{e:+.1f}%", target)
+        cells = [row["label"], num(row["predicted"]), num(row["measured"]),
+                 "-" if not math.isfinite(e) else f"{e:+.1f}%", target]
+        if runs > 1:
+            r = row.get("measured_range")
+            cells.append("-" if not r else f"{num(r[0])} - {num(r[1])}"
+                         + (" (prediction inside)" if row.get("predicted_in_measured_range") else ""))
+        table.add_row(*cells)
     console.print(table)
     ks = ", ".join(f"{k.upper()} {v['stat']:.3f}" for k, v in report["ks"].items())
+    measured = report["completed"].get("measured", report["completed"].get("measured_runs"))
     console.print(f"KS statistics: {ks}; completed {report['completed']['predicted']} predicted, "
-                  f"{report['completed']['measured']} measured; targets met: {report['targets_met']}")
+                  f"{measured} measured; targets met: {report['targets_met']}")
     for path in report.get("written", []):
         console.print(f"wrote {path}")
