@@ -36,7 +36,7 @@ def test_serial_keys_by_hand(decodes, width, keys):
 
 
 def test_splits_restate_the_engines_rule():
-    torch = pytest.importorskip("torch")  # noqa: F841 - the engine module needs it
+    pytest.importorskip("torch")   # the engine module needs it
     from types import SimpleNamespace
 
     from schedsim.engines.llm_engine import PagedLLMEngine
