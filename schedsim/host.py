@@ -69,9 +69,10 @@ def pin_cpu(spec, count: int = 1) -> dict | None:
     ``spec``: None does nothing and returns None; a CPU number pins to it; ``"auto"``
     times every allowed CPU (:func:`probe_cpus`, about 0.5 s on 16 CPUs) and pins to the
     fastest now (which is no promise that it stays the fastest), or to the ``count``
-    fastest (a live run: :func:`live_cpu_count`; busy threads on too few CPUs take turns). Returns the record a result's provenance keeps: ``cpu``
-    (the fastest), ``cpus``, ``how``, ``loop_ms`` on ``cpu`` after pinning, and for auto
-    the probe. InputError for a CPU this process may not use, or no affinity support.
+    fastest (a live run: :func:`live_cpu_count`; busy threads on too few CPUs take turns).
+    Returns the record a result's provenance keeps: ``cpu`` (the fastest), ``cpus``,
+    ``how``, ``loop_ms`` on ``cpu`` after pinning, and for auto the probe. InputError for
+    a CPU this process may not use, or no affinity support.
     """
     choice = parse_cpu(spec)
     if choice is None:
