@@ -111,10 +111,11 @@ def test_eager_decode_runs_equal_looped_steps_bit_for_bit(model, n, ctx, k):
     assert model.decode_run_ns(context, k).tolist() == looped
 
 
-@pytest.mark.parametrize("value, field", [({"kv_heads": 0, "split_ctas": 256, "min_split_blocks": 16,
-                                             "multiprocessors": 132}, "kv_heads"),
-                                           ({"kv_heads": 8, "split_ctas": 256, "min_split_blocks": 16}, "multiprocessors"),
-                                           ("fast", "kv_heads")])
+@pytest.mark.parametrize("value, field", [
+    (dict(SIDE, kv_heads=0), "kv_heads"),
+    ({k: v for k, v in SIDE.items() if k != "multiprocessors"}, "multiprocessors"),
+    ("fast", "kv_heads"),
+])
 def test_a_bad_decode_attention_names_its_field(value, field):
     with pytest.raises(InputError, match=rf"decode_attention\.{field}.*integer >= 1") as e:
         StepProfile.from_columns(synthetic_columns(), dict(SYNTHETIC_META, **{ATTENTION_KEY: value}))
