@@ -1,4 +1,4 @@
-"""Pin a measuring process to one CPU, as pyperf's ``--affinity`` does.
+"""Pin a measuring process to the fastest CPU (or CPUs), as pyperf's ``--affinity`` does.
 
 Why: on the H200 machines here (KVM guests with 16 vCPUs) one vCPU runs a pure-Python
 loop in 1.0-1.2 ms or in 1.5-2.0 ms, depending on what else its physical core is doing,
@@ -11,7 +11,8 @@ Pinned to one vCPU the same step held at 13.4-15.4 ms for 45 s. A profile and th
 run that checks it should be measured pinned, ideally to the same kind of CPU.
 
 Linux only (``os.sched_setaffinity``). Call before starting threads (torch, CUDA): the
-threads a process starts later inherit the calling thread's CPU set.
+threads a process starts later inherit the calling thread's CPU set
+(:func:`set_process_cpus` moves threads already running).
 """
 
 from __future__ import annotations

@@ -157,9 +157,8 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
         else:
             kv, kv_from = col["decode_rows"] * top, "decode_rows x (decode_max_context + 1), an upper bound"
         real_kv = real_kv_tokens(col["decode_rows"], kv, bs)
-    serial = None
-    if cost._attention is not None:   # the eager decode attention's serial keys (schedsim.llm.cost)
-        serial = np.where(graph == 1, 0, serial_keys(col["decode_rows"], dwidth, cost._attention, bs))
+    # The eager decode attention's serial keys, where the model has them (schedsim.llm.cost).
+    serial = None if cost._attention is None else serial_keys(col["decode_rows"], dwidth, cost._attention, bs)
     feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
                           col["prefill_context"], col["decode_rows"], dwidth, real_kv, serial)
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6

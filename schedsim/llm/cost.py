@@ -257,8 +257,8 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
     and ``graph_width`` are G and W of a graph step; ``tokens``, ``prefill_seqs``,
     ``prefill_attention``, ``prefill_context``, ``decode_seqs`` and ``decode_width`` (D)
     describe an eager step; ``real_kv`` is :func:`real_kv_tokens` of the decode rows, of
-    either kind of step (module docstring); ``serial`` is :func:`serial_keys` of an eager
-    step's decodes (0 for a graph step).
+    either kind of step (module docstring); ``serial`` is :func:`serial_keys` of the decode
+    rows, counted for eager steps only.
     """
     eager = 1 - graph
     gathered = graph * padded_batch * graph_width
@@ -380,10 +380,7 @@ def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
     """(rows, features) float64 features of a step profile's rows (:func:`features_of`)."""
     n = len(columns[COMPOSITION[0]])
     summary = profile_summaries(columns, block_size, graph_sizes)
-    serial = None
-    if attention is not None:
-        graph, decodes, dwidth = summary[0], summary[7], summary[8]
-        serial = np.where(graph == 1, 0, serial_keys(decodes, dwidth, attention, block_size))
+    serial = None if attention is None else serial_keys(summary[7], summary[8], attention, block_size)
     feats = step_features(*summary[:9], real_kv=summary[9] if len(summary) > 9 else None, serial=serial)
     return np.column_stack([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f in feats])
 
