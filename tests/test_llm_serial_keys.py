@@ -7,6 +7,7 @@ long context cost what one block's sweep costs (experiments/llm_profile/few-deco
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -15,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 
 from schedsim.errors import InputError
 from schedsim.llm.cost import (ATTENTION_KEY, FEATURES, KV_FEATURE, SERIAL_FEATURE, DecodeAttention, StepCostModel,
-                               StepProfile, feature_matrix, features_of, fit_step_profile, serial_keys)
+                               StepProfile, feature_matrix, features_of, fit_step_profile, serial_keys,
+                               table_digest)
 from test_llm_cost import SYNTHETIC_META, TRUE_COEF, synthetic_columns
 
 H200 = DecodeAttention(kv_heads=8, split_ctas=256, min_split_blocks=16, multiprocessors=132)
@@ -33,6 +35,27 @@ SIDE = {"kv_heads": 8, "split_ctas": 256, "min_split_blocks": 16, "multiprocesso
 ])
 def test_serial_keys_by_hand(decodes, width, keys):
     assert serial_keys(decodes, width, H200, 16) == keys
+
+
+@pytest.mark.parametrize("decodes, keys", [
+    (16, 32016),              # 128 blocks: one wave either way
+    (32, 32016),              # 256 blocks: two waves of 132, one of 4 x 132
+    (66, 32016),              # 528 blocks: exactly one wave of 528
+    (67, 2 * 32016),          # 536 blocks: two
+])
+def test_resident_blocks_widen_a_wave(decodes, keys):
+    four = dataclasses.replace(H200, blocks_per_multiprocessor=4)
+    assert serial_keys(decodes, 32016, four, 16) == keys
+
+
+def test_the_optional_field_keeps_old_digests_and_is_read_from_the_sidecar():
+    cols = dict(synthetic_columns(), decode_kv_tokens=synthetic_columns()["decode_seqs"])
+    plain = StepProfile.from_columns(cols, dict(SYNTHETIC_META, **{ATTENTION_KEY: SIDE}))
+    one = StepProfile.from_columns(cols, dict(SYNTHETIC_META, **{ATTENTION_KEY: dict(SIDE, blocks_per_multiprocessor=1)}))
+    four = StepProfile.from_columns(cols, dict(SYNTHETIC_META, **{ATTENTION_KEY: dict(SIDE, blocks_per_multiprocessor=4)}))
+    assert four.decode_attention.blocks_per_multiprocessor == 4 and plain.decode_attention == one.decode_attention
+    digest = [table_digest(p.columns, 16, p.cuda_graph_batch_sizes, p.decode_attention) for p in (plain, one, four)]
+    assert digest[0] == digest[1] != digest[2]
 
 
 def test_splits_restate_the_engines_rule():
@@ -115,6 +138,8 @@ def test_eager_decode_runs_equal_looped_steps_bit_for_bit(model, n, ctx, k):
     (dict(SIDE, kv_heads=0), "kv_heads"),
     ({k: v for k, v in SIDE.items() if k != "multiprocessors"}, "multiprocessors"),
     ("fast", "kv_heads"),
+    (dict(SIDE, blocks_per_multiprocessor=0), "blocks_per_multiprocessor"),
+    (dict(SIDE, blocks_per_multiprocessor="4"), "blocks_per_multiprocessor"),
 ])
 def test_a_bad_decode_attention_names_its_field(value, field):
     with pytest.raises(InputError, match=rf"decode_attention\.{field}.*integer >= 1") as e:

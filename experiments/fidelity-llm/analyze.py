@@ -252,7 +252,8 @@ def main(argv=None) -> int:
     summary = {"cells": len(rows), "targets_met_cells": sum(r["targets_met"] for r in rows),
                "latency_abs_err_pct_median": float(np.median(lat)) if lat else None,
                "latency_abs_err_pct_worst": float(np.max(lat)) if lat else None,
-               "profile": str(PROFILE.relative_to(ROOT)), "run": str(args.run)}
+               "profile": str(PROFILE.relative_to(ROOT)) if PROFILE.is_relative_to(ROOT) else str(PROFILE),
+               "run": str(args.run)}
     write_json(args.results / "summary.json", summary)
     print(f"{'cell':<24}" + "".join(f"{k:>18}" for k in TABLE))
     for r in rows:

@@ -31,6 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import time_engine_call  # noqa: E402
 
 BLOCKS = 16384
 BS = 16
@@ -85,11 +88,9 @@ def main(argv=None) -> int:
                     engine.execute(decode_rows)
             if python:
                 busy_python()
-            rows = eager_rows(n, scattered)
-            t = time.perf_counter()
-            engine.execute(rows)
-            wall.append((time.perf_counter() - t) * 1e3)
-            gpu.append(engine.last_gpu_ms)
+            w, g = time_engine_call(engine, eager_rows(n, scattered))
+            wall.append(w)
+            gpu.append(g)
         out["conditions"][name] = {"wall_ms_p50": float(np.median(wall)), "wall_ms_mean": float(np.mean(wall)),
                                    "gpu_ms_p50": float(np.median(gpu)), "graph": bool(engine.last_graph)}
         print(f"{name:28s} wall p50 {np.median(wall):6.2f} mean {np.mean(wall):6.2f}  gpu p50 {np.median(gpu):6.2f} ms",

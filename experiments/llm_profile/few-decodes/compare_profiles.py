@@ -1,0 +1,79 @@
+"""Session 7: does the extended grid, or 4 resident kernel blocks per multiprocessor, help?
+
+Two step profiles (the committed one, and the extended grid of measure.py measured in live
+run 11's device call on the same host, ``llama-1b-bf16-h200-steps-run11call``), each fitted
+with ``decode_attention.blocks_per_multiprocessor`` 1 (a wave of decode-attention blocks is
+132) and 4 (PyTorch's memory-efficient kernel is built for 16 warps per multiprocessor in
+blocks of 4 warps: 4 x 132). For each: the fit's held-out error, the median error of the
+live steps (eager / graph) and of the LLM fidelity table (``analyze.py``) on runs 7, 9 and
+11, and the error against the median of the three runs (``pooled.py``).
+
+    python experiments/llm_profile/few-decodes/compare_profiles.py   # ~6 minutes
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "fidelity-llm"))
+
+from schedsim.llm import cost as C  # noqa: E402
+
+import pooled  # noqa: E402
+
+PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
+            "extended (run 11's call)": HERE / "llama-1b-bf16-h200-steps-run11call.csv"}
+RUNS = ("run7", "run9", "run11")
+FIDELITY = ROOT / "experiments" / "fidelity-llm"
+
+
+def variant(src: Path, blocks: int, out: Path) -> Path:
+    """A copy of the profile whose sidecar has ``blocks`` resident blocks and no stored fit."""
+    out.mkdir(parents=True)
+    shutil.copy(src, out / src.name)
+    meta = json.loads(src.with_suffix(".json").read_text())
+    meta.pop("fit", None)
+    meta[C.ATTENTION_KEY] = dict(meta[C.ATTENTION_KEY], blocks_per_multiprocessor=blocks)
+    (out / src.name).with_suffix(".json").write_text(json.dumps(meta))
+    return out / src.name
+
+
+def main() -> int:
+    print("profile | resident blocks | held-out % | live step error p50 eager / graph, median over cells "
+          "(runs 7, 9, 11) | table median error (runs 7, 9, 11) | against the 3 runs' median: median, within 5%")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, src in PROFILES.items():
+            for blocks in (1, 4):
+                path = variant(src, blocks, Path(tmp) / f"{name[:8]}-{blocks}")
+                fit = C.fit_step_profile(C.load_step_profile(path))
+                medians, steps, results = [], [], []
+                for run in RUNS:
+                    res = Path(tmp) / f"res-{name[:8]}-{blocks}-{run}"
+                    subprocess.run([sys.executable, str(FIDELITY / "analyze.py"), "--run", str(FIDELITY / run),
+                                    "--results", str(res), "--profile", str(path)],
+                                   check=True, stdout=subprocess.DEVNULL)
+                    medians.append(json.loads((res / "summary.json").read_text())["latency_abs_err_pct_median"])
+                    import pandas as pd
+                    t = pd.read_csv(res / "fidelity_llm.csv")
+                    steps.append(f"{t.step_eager_err_p50_pct.abs().median():.1f} / {t.step_graph_err_p50_pct.abs().median():.1f}")
+                    results.append(res)
+                table = pooled.pooled(results)
+                e = table.err_pct.abs()
+                print(f"{name} | {blocks} | {fit.mape_pct:.2f} | {'; '.join(steps)} | "
+                      f"{' / '.join(f'{m:.1f}' for m in medians)} | {np.median(e):.1f}%, {(e <= 5).sum()} of {len(e)}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
