@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from schedsim.errors import InputError
-from schedsim.llm.cost import (COLUMNS, FEATURES, KV_COLUMN, KV_FEATURE, StepCostModel, StepProfile,
+from schedsim.llm.cost import (COLUMNS, FEATURES, FIRST_CALL_KEY, FRESH_COLUMN, KV_COLUMN, KV_FEATURE, StepCostModel,
+                               StepProfile,
                                feature_matrix, fit_step_profile, load_step_profile, real_kv_tokens,
                                save_step_profile, stored_fit)
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
 
-from test_llm_cost import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions
+from test_llm_cost import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions, synthetic_columns
 
 CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 32000, 1000))),
          ([1] * 300, [7 * i for i in range(300)]), ([512], [0]), ([2048, 1, 1, 1], [8000, 100, 5000, 900]),
@@ -194,11 +195,22 @@ class _Calls:
             return real(engine, rows)
 
         monkeypatch.setattr(PagedLLMEngine, "execute", execute)
+        # Where the profiler's first-call phase starts (after the sampling), if it runs.
+        import schedsim.llm.step_profiler as profiler
 
-    def new_prefill_steps(self) -> int:
-        """Steps with a prefill chunk whose token count no step had before."""
+        self.first_call_phase: int | None = None
+        first_calls = profiler._first_calls
+
+        def mark(*args, **kwargs):
+            self.first_call_phase = len(self.tokens)
+            return first_calls(*args, **kwargs)
+
+        monkeypatch.setattr(profiler, "_first_calls", mark)
+
+    def new_prefill_steps(self, before: int | None = None) -> int:
+        """Steps with a prefill chunk whose token count no step had before (among the first ``before``)."""
         seen, new = set(), 0
-        for t in self.tokens:
+        for t in self.tokens[:before]:
             if max(t) > 1 and sum(t) not in seen:
                 new += 1
             seen.add(sum(t))
@@ -220,8 +232,10 @@ def test_fresh_shapes_give_every_prefill_sample_a_new_length(tmp_path, monkeypat
     record = meta["sampling"]["fresh_shapes"]
     assert c["prefill_chunk"].tolist() == [64, 64, 40, 48, 0]     # the CSV keeps the nominal chunks
     if fresh:
-        # Every sample of a prefill step ran a token count the engine had not run before.
-        assert calls.new_prefill_steps() == len(nominal) + samples
+        # Every sample of a prefill step ran a token count the engine had not run before (then
+        # the first-call phase runs its own, test_the_first_call_phase_times_new_counts_twice).
+        assert calls.new_prefill_steps(before=calls.first_call_phase) == len(nominal) + samples
+        assert c[FRESH_COLUMN][prefill].tolist() == c["n"][prefill].tolist()
         assert record["fresh_samples"] == samples and record["warm_samples"] == 0
         assert record["mean_move_tokens_max_abs"] <= 1.0         # moves alternate around the nominal chunk
         assert meta["sampling"]["shapes"] == "fresh"
@@ -229,6 +243,83 @@ def test_fresh_shapes_give_every_prefill_sample_a_new_length(tmp_path, monkeypat
         assert calls.new_prefill_steps() == len(nominal)
         assert {sum(t) for t in calls.tokens if max(t) > 1} == nominal
         assert record["fresh_samples"] == 0
+
+
+def test_the_first_call_phase_times_new_counts_twice(tmp_path, monkeypatch):
+    from schedsim.llm.step_profiler import FIRST_CALL_STEPS, Composition
+
+    calls = _Calls(monkeypatch)
+    prof, meta = _profile(tmp_path, [Composition(1, 64, 0), Composition(1, 48, 0, 3, 50)])
+    start = calls.first_call_phase
+    phase = calls.tokens[start:start + 2 * FIRST_CALL_STEPS]
+    assert start is not None and len(phase) == 2 * FIRST_CALL_STEPS and all(a == b for a, b in zip(phase[::2], phase[1::2]))
+    before = {sum(t) for t in calls.tokens[:start]}
+    firsts = [sum(t) for t in phase[::2]]
+    assert firsts[0] not in before                       # a count no step had run
+    record = meta[FIRST_CALL_KEY]
+    assert record["steps"] == FIRST_CALL_STEPS and record["ms"] >= 0
+    assert record["priced"] is False and prof.first_call_ms is None     # measured, not priced
+    priced = StepProfile(prof.columns, dict(prof.meta, **{FIRST_CALL_KEY: dict(record, priced=True)}))
+    assert priced.first_call_ms == record["ms"]
+
+
+def _first_call_model(ms: float) -> StepCostModel:
+    cols = dict(synthetic_columns())
+    prefill = np.asarray(cols["prefill_seqs"]) > 0
+    cols[FRESH_COLUMN] = np.where(prefill, np.asarray(cols["n"]), 0)   # every prefill sample at a new count
+    meta = dict(SYNTHETIC_META, **{FIRST_CALL_KEY: {"ms": ms, "priced": True}})
+    return StepCostModel.from_profile(StepProfile.from_columns(cols, meta))
+
+
+def test_a_priced_first_call_is_charged_once_per_new_token_count_and_each_run_starts_afresh():
+    plain, model = _first_call_model(0.0), _first_call_model(2.5)
+    prefill = (np.array([300, 1, 1]), np.array([0, 40, 90]))
+    assert model.first_call_ns == 2.5e6 and plain.first_call_ns == 0.0
+    model.begin_run()
+    first, again = model.step_ns(*prefill), model.step_ns(*prefill)
+    assert first - again == 2_500_000
+    plain.begin_run()
+    assert plain.step_ns(*prefill) == plain.step_ns(*prefill)    # 0 ms: no first-call term
+    decode = (np.ones(3, dtype=np.int64), np.array([40, 90, 10]))
+    assert model.step_ns(*decode) == model.step_ns(*decode)     # decode-only steps pay nothing
+    model.warm_tokens = frozenset({302})
+    model.begin_run()
+    assert model.step_ns(*prefill) == again                      # the warm-up ran this count
+
+
+def test_the_simulator_starts_every_run_with_the_warm_counts():
+    from schedsim.llm.live import warm_token_counts
+
+    counts = warm_token_counts(block_size=16, num_blocks=4096, max_context=8192, graph_batch_sizes=(1, 2, 4, 8),
+                               max_seqs=16, prefill_tokens=2048)
+    assert {2048, 1024, 16} <= counts and all(isinstance(c, int) for c in counts)
+    model = _first_call_model(2.5)
+    model.warm_tokens = counts
+    model.seen_tokens = {1, 2, 3}
+    model.begin_run()
+    assert model.seen_tokens == set(counts)
+
+
+@pytest.mark.parametrize("value, field", [({"ms": -1}, "first_call.ms"), ({"priced": True}, "first_call.ms"),
+                                          ({"ms": 1.0, "priced": "yes"}, "first_call.priced")])
+def test_a_bad_first_call_names_its_field(value, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        StepProfile.from_columns(synthetic_columns(), dict(SYNTHETIC_META, first_call=value))
+
+
+def test_a_bad_fresh_samples_value_names_its_line(tmp_path):
+    cols = dict(synthetic_columns())
+    cols[FRESH_COLUMN] = np.asarray(cols["n"]) + 1
+    with pytest.raises(InputError, match=r"fresh_samples: row 0: .51. must be an integer from 0 to n \(50\)"):
+        StepProfile.from_columns(cols, SYNTHETIC_META)
+
+
+def test_warm_shapes_measure_no_first_call(tmp_path):
+    from schedsim.llm.step_profiler import Composition
+
+    prof, meta = _profile(tmp_path, [Composition(1, 64, 0)], fresh_shapes=False)
+    assert meta[FIRST_CALL_KEY] is None and prof.first_call_ms is None
+    assert prof.columns[FRESH_COLUMN].tolist() == [0]
 
 
 def test_fresh_shapes_fall_back_to_the_nominal_shape_when_the_band_is_used_up(tmp_path, monkeypatch):

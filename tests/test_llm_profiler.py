@@ -14,7 +14,7 @@ from schedsim.llm.step_profiler import Composition, step_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("prefill_seqs,prefill_chunk,prefill_context,decode_seqs,decode_context,decode_kv_tokens,"
-           "latency_ms_mean,latency_ms_p50,latency_ms_p90,latency_ms_p99,latency_ms_std,n")
+           "latency_ms_mean,latency_ms_p50,latency_ms_p90,latency_ms_p99,latency_ms_std,n,fresh_samples")
 
 
 def _run(*args, timeout=120):
@@ -45,6 +45,7 @@ def test_quick_cpu_profile_writes_the_step_profile_format(tmp_path):
     assert meta["swap_gb_per_s"] > 0 and meta["step_overhead_us"] > 0
     assert ("fit" in meta) != ("fit_skipped" in meta)
     assert meta["cpu_pinning"] is None        # not asked for
+    assert meta["first_call"]["steps"] == 40 and meta["first_call"]["priced"] is False
     if hasattr(cost, "load_step_profile"):
         prof = cost.load_step_profile(out)        # the simulator's own reader takes it
         assert len(prof) == len(lines) - 1

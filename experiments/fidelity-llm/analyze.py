@@ -68,8 +68,31 @@ def cell_trace(cell, is_smoke: bool):
     return smoke(cell, trace) if is_smoke else (cell, trace)
 
 
-def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False) -> dict:
+def engine_model(cells_mod, is_smoke: bool = False):
+    """The step cost model of the cells' one live engine, with the token counts its warm-up
+    runs (run_h200.py: one warm_up for all cells) as its warm ones."""
     from schedsim.llm.cost import StepCostModel, load_step_profile
+    from schedsim.llm.live import engine_context, warm_token_counts, warmup_prefill_tokens
+    from schedsim.plugins import build_policy
+    from schedsim.policy import Requests
+
+    profile = load_step_profile(PROFILE)
+    cost = StepCostModel.from_profile(profile)
+    if cost.first_call_ns:
+        runs = []
+        for cell in cells_mod.CELLS:
+            cell, trace = cell_trace(cell, is_smoke)
+            runs.append((Requests.from_trace(trace), build_policy(cells_mod.policy_name(cell), dict(cell["params"]))))
+        cost.warm_tokens = warm_token_counts(
+            block_size=16, num_blocks=max(p.budget.num_blocks for _, p in runs),
+            max_context=max(engine_context(r, p) for r, p in runs), graph_batch_sizes=profile.cuda_graph_batch_sizes,
+            max_seqs=max(p.max_num_seqs for _, p in runs), prefill_tokens=max(warmup_prefill_tokens(r, p) for r, p in runs))
+    return cost
+
+
+def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False, cost=None) -> dict:
+    """Predict one cell. ``cost``: the engine's model (:func:`engine_model`), shared by the
+    cells in the order they ran live: each starts with the token counts the ones before ran."""
     from schedsim.llm.metrics import summarize_llm
     from schedsim.llm.report import write_llm_outputs
     from schedsim.llm.simulate import simulate_llm
@@ -79,9 +102,10 @@ def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False) -> d
     cell, trace = cell_trace(cell, is_smoke)
     requests = Requests.from_trace(trace)
     policy = build_policy(cells_mod.policy_name(cell), dict(cell["params"]))
-    cost = StepCostModel.from_profile(load_step_profile(PROFILE))
+    cost = cost or engine_model(cells_mod, is_smoke)
     cost.bytes_per_block = policy.budget.block_size * policy.budget.spec.kv_bytes_per_token
     result = simulate_llm(requests, policy, cost, seed=1)
+    cost.warm_tokens = frozenset(cost.seen_tokens)   # the next cell's engine has run these
     summary = summarize_llm(result)
     summary["config"] = config(cell, "simulate") | {"profile": str(PROFILE), "replications": 1}
     if out_dir is not None:
@@ -199,9 +223,10 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare(cells_mod)
         return 0
+    cost = engine_model(cells_mod, args.smoke)
     if args.sim_only or args.run is None:
         for cell in cells_mod.CELLS:
-            s = simulate(cell, cells_mod, None)
+            s = simulate(cell, cells_mod, None, cost=cost)
             print(f"{cell['name']:<24} TTFT p50 {s['ttft_p50_ms']:8.1f} p99 {s['ttft_p99_ms']:8.1f}  TPOT p50 "
                   f"{s['tpot_p50_ms']:6.2f} p99 {s['tpot_p99_ms']:6.2f}  E2E p50 {s['e2e_p50_ms']:7.0f} p99 "
                   f"{s['e2e_p99_ms']:7.0f}  pre {s['preemptions']:4d}  busy until {s['duration_s']:.1f} s")
@@ -217,7 +242,7 @@ def main(argv=None) -> int:
             continue
         base = args.results / "cells" / cell["name"]
         live = write_live(cell, args.run, base / "live", args.smoke)
-        simulate(cell, cells_mod, base / "sim", args.smoke)
+        simulate(cell, cells_mod, base / "sim", args.smoke, cost=cost)
         report = validate_llm_dirs(base / "sim", base / "live", out=base, plot=True)
         row = {"cell": cell["name"], "policy": cell["policy"], "rate_rps": cell["rate_rps"],
                "requests": report["trace_requests"], "partial": bool(live.get("partial"))}

@@ -81,3 +81,32 @@ def time_engine_call(engine, rows) -> tuple[float, float]:
     t = time.perf_counter()
     engine.execute(rows)
     return (time.perf_counter() - t) * 1e3, engine.last_gpu_ms
+
+
+def diagnostic_args(doc: str, argv=None):
+    """The flags of a device diagnostic: --out (JSON), --cpu (a CPU, auto: the fastest now;
+    none), --model (a builtin decoder) and --device."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cpu", default="auto")
+    ap.add_argument("--model", default="llama-1b")
+    ap.add_argument("--device", default="cuda")
+    return ap.parse_args(argv)
+
+
+def diagnostic_engine(args, num_blocks: int = 16384, block_size: int = 16, max_context: int = 8192):
+    """Pin the process as ``args.cpu`` says and build the engine a diagnostic times (bf16 on
+    a GPU, fp32 on the CPU): (the engine, not yet entered; the model's vocabulary size; the
+    pinning record)."""
+    import torch
+
+    from schedsim.engines.decoder import CONFIGS
+    from schedsim.engines.llm_engine import PagedLLMEngine
+    from schedsim.host import pin_cpu
+
+    pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
+    engine = PagedLLMEngine(args.model, num_blocks, block_size, device=args.device, max_context=max_context,
+                            dtype=torch.bfloat16 if args.device != "cpu" else torch.float32)
+    return engine, CONFIGS[args.model].vocab, pinned

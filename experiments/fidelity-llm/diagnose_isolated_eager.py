@@ -18,7 +18,6 @@ Each sample records the engine call's wall time and its CUDA-event time.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import time_engine_call  # noqa: E402
+from common import diagnostic_args, diagnostic_engine, time_engine_call  # noqa: E402
 
 COMPOSITIONS = ((256, 0), (256, 4), (1024, 8), (4096, 8))
 """(prefill tokens, decodes at 2,000 tokens of context) of the timed eager steps."""
@@ -39,24 +38,12 @@ SAMPLES = int(__import__("os").environ.get("SAMPLES", 25))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--cpu", default="auto")
-    ap.add_argument("--model", default="llama-1b")
-    ap.add_argument("--device", default="cuda")
-    args = ap.parse_args(argv)
-    import torch
-
-    from schedsim.engines.llm_engine import PagedLLMEngine
+    args = diagnostic_args(__doc__, argv)
     from schedsim.engines.llm_rows import EngineRow
-    from schedsim.host import pin_cpu
 
-    pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
-    from schedsim.engines.decoder import CONFIGS
-
+    engine, vocab, pinned = diagnostic_engine(args)
     rng = np.random.default_rng(0)
-    vocab = CONFIGS[args.model].vocab
-    bs, num_blocks = 16, 16384
+    bs, num_blocks = engine.block_size, engine.num_blocks
     state = {"next": 1}
 
     def blocks(n_tokens):
@@ -77,8 +64,7 @@ def main(argv=None) -> int:
         return [row(q, 0)] + [row(1, 2000) for _ in range(decodes)]
 
     out = {"cpu_pinning": pinned, "modes": {}}
-    with PagedLLMEngine(args.model, num_blocks, bs, device=args.device, max_context=8192,
-                        dtype=torch.bfloat16 if args.device != "cpu" else torch.float32) as eng:
+    with engine as eng:
         for _ in range(20):                            # warm-up: graphs captured, kernels loaded
             eng.execute(decode_rows)
             for p, d in COMPOSITIONS:

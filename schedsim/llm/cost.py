@@ -50,6 +50,24 @@ multiprocessors its time follows ``S``, not the keys in all. On the H200 one dec
 32,000 tokens beside an 8,192-token chunk added 30 ms, at 32,767 tokens (which splits) 3 ms
 (experiments/llm_profile/few-decodes/).
 
+*First calls* (only for a profile whose sidecar's :data:`FIRST_CALL_KEY` says ``"priced":
+true``; the profiler measures it and writes false, see below): the first
+time the engine runs an eager step of a given token count (the GEMMs' M), it costs more
+(the GEMM kernels are chosen for the new shape on the host): on the H200 3.3 ms at the
+median for a step of 140-2,000 tokens at a new count, 0.05 ms at a count run before, per
+exact count (experiments/fidelity-llm/diagnose_first_call_distance.py). The profiler
+measures it (``first_call.ms``: new counts timed twice, the first call less the second);
+its samples of steps with a prefill move their token count to new ones (``fresh_samples``
+of the ``n``, :data:`FRESH_COLUMN`), so the fit aims at each row's mean less its fresh
+share of ``first_call.ms``: the price of a count run before. A simulation then adds
+``first_call.ms`` to an eager step with a prefill whose token count it has not priced yet
+in this run, beyond :attr:`StepCostModel.warm_tokens` (what the engine ran before the run:
+the live runner's warm-up, :func:`schedsim.llm.live.warm_token_counts`). A long run meets
+every count sooner or later and stops paying; a short one at light load pays at nearly
+every prefill. Not priced by default: against four live runs of the LLM fidelity table it
+moved the median error from 5.8% to 5.2% with one profile and from 7.9% to 9.3% with
+another, measured on a faster host (experiments/llm_profile/first-calls/).
+
 *Real KV tokens* (only for a profile with the :data:`KV_COLUMN` column, which says how
 many tokens the decode rows really hold when their contexts differ): one more term, for
 graph and eager steps alike::
@@ -150,7 +168,14 @@ HOST_COLUMN = "host_overhead_ms_p50"
 """Optional column: host time per step outside the forward pass (see the module docstring)."""
 KV_COLUMN = "decode_kv_tokens"
 """Optional column: the decode rows' KV tokens, sum of (context + 1) (see the module docstring)."""
-OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN)
+FRESH_COLUMN = "fresh_samples"
+"""Optional column: how many of the ``n`` samples ran at a token count new to the engine
+(the rest at the nominal, warm one); with the sidecar's :data:`FIRST_CALL_KEY`, the model
+prices the first call of a token count apart (module docstring)."""
+FIRST_CALL_KEY = "first_call"
+"""Sidecar object: ``ms``, what an eager step costs more the first time the engine runs its
+token count, measured by the profiler (median over compositions of fresh less warm means)."""
+OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN, FRESH_COLUMN)
 """Optional columns, in the order written."""
 LOOP_KEYS = ("loop_overhead_us", "loop_overhead_us_per_row")
 """Sidecar keys: the serving loop's host time per step outside the engine call, a + b * rows
@@ -442,6 +467,17 @@ class StepProfile:
         return DecodeAttention.from_meta(self.meta)
 
     @property
+    def first_call_ms(self) -> float | None:
+        """What an eager step costs more at a token count new to the engine (sidecar
+        :data:`FIRST_CALL_KEY`), where the sidecar sets its ``priced`` and the table has
+        :data:`FRESH_COLUMN`; else None (the model then has no first-call term, as before
+        it existed). The profiler measures it and leaves ``priced`` false (module docstring)."""
+        v = self.meta.get(FIRST_CALL_KEY)
+        if not isinstance(v, dict) or v.get("priced") is not True or FRESH_COLUMN not in self.columns:
+            return None
+        return float(v["ms"])
+
+    @property
     def max_context_measured(self) -> int:
         """The longest KV length (cached plus new tokens) of a row in a measured step: the
         sidecar's ``max_context_measured`` or what the table shows, whichever is larger."""
@@ -569,6 +605,15 @@ def _validate_table(data: dict, src: str, lines) -> dict:
         out[HOST_COLUMN] = num
     if KV_COLUMN in data:
         out[KV_COLUMN] = _validated_kv_tokens(data[KV_COLUMN], out, loc)
+    if FRESH_COLUMN in data:
+        raw = data[FRESH_COLUMN]
+        num = np.array([_number(v) for v in raw.tolist()], dtype=np.float64)
+        bad = ~np.isfinite(num) | (num != np.round(num)) | (num < 0) | (num > out["n"])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{loc(i, FRESH_COLUMN)}: {str(raw[i]).strip()!r} must be an integer from 0 to n "
+                             f"({out['n'][i]})")
+        out[FRESH_COLUMN] = num.astype(np.int64)
     for lo, hi in (("latency_ms_p50", "latency_ms_p90"), ("latency_ms_p90", "latency_ms_p99")):
         bad = out[lo] > out[hi]
         if bad.any():
@@ -647,6 +692,13 @@ def _validate_meta(meta, src: str) -> dict:
         if bad is not None:
             raise InputError(f"{where(src, None, ATTENTION_KEY + '.' + bad)}: must be an integer >= 1 "
                              f"(an object with {', '.join(required)} and optionally {ATTENTION_FIELDS[-1]})")
+    if meta.get(FIRST_CALL_KEY) is not None:
+        v = meta[FIRST_CALL_KEY]
+        if not (isinstance(v, dict) and is_num(v.get("ms"), False)):
+            raise InputError(f"{where(src, None, FIRST_CALL_KEY + '.ms')}: must be a number >= 0 (milliseconds; "
+                             f"{FIRST_CALL_KEY} is an object with ms)")
+        if not isinstance(v.get("priced", False), bool):
+            raise InputError(f"{where(src, None, FIRST_CALL_KEY + '.priced')}: {v['priced']!r} must be true or false")
     for key in ("step_overhead_us",) + LOOP_KEYS:
         if meta.get(key) is not None and not is_num(meta[key], False):
             raise InputError(f"{where(src, None, key)}: {meta[key]!r} must be a number >= 0 (microseconds)")
@@ -721,7 +773,7 @@ class StepFit:
 
 
 def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
-                 attention: DecodeAttention | None = None) -> str:
+                 attention: DecodeAttention | None = None, first_call_ms: float | None = None) -> str:
     """sha256 of everything a fit depends on: the table's columns, the padding settings and
     the feature set (with the decode-attention settings, when there are any). A sidecar fit
     recorded under the same digest need not be redone."""
@@ -730,20 +782,28 @@ def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
     settings = (features_of(columns, attention), SPLIT_RULE, int(block_size), tuple(graph_sizes))
     if attention is not None:   # a profile without them hashes as before they existed
         settings += (attention,) + attention.digest_key()[4:]
+    if first_call_ms:
+        settings += (("first_call_ms", float(first_call_ms)),)
     h = hashlib.sha256(repr(settings).encode())
     # Host then KV: a table without the KV column hashes as it did before the column existed.
-    for c in COLUMNS + tuple(c for c in (HOST_COLUMN, KV_COLUMN) if c in columns):
+    for c in COLUMNS + tuple(c for c in (HOST_COLUMN, KV_COLUMN) if c in columns) + (
+            (FRESH_COLUMN,) if first_call_ms and FRESH_COLUMN in columns else ()):
         h.update(np.ascontiguousarray(columns[c], dtype=np.float64).tobytes())
     return h.hexdigest()
 
 
-def fit_target(columns: dict) -> tuple[str, np.ndarray]:
+def fit_target(columns: dict, first_call_ms: float | None = None) -> tuple[str, np.ndarray]:
     """What a fit of this table aims at: the forward pass's mean, plus the host time per
-    step when the table has :data:`HOST_COLUMN`."""
+    step when the table has :data:`HOST_COLUMN`, less each row's fresh share of
+    ``first_call_ms`` when the table has :data:`FRESH_COLUMN` and a first-call cost is given."""
     y = np.asarray(columns["latency_ms_mean"], dtype=np.float64)
+    target = "latency_ms_mean"
     if HOST_COLUMN in columns:
-        return f"latency_ms_mean + {HOST_COLUMN}", y + np.asarray(columns[HOST_COLUMN], dtype=np.float64)
-    return "latency_ms_mean", y
+        target, y = f"{target} + {HOST_COLUMN}", y + np.asarray(columns[HOST_COLUMN], dtype=np.float64)
+    if first_call_ms and FRESH_COLUMN in columns:
+        share = np.asarray(columns[FRESH_COLUMN], dtype=np.float64) / np.asarray(columns["n"], dtype=np.float64)
+        target, y = f"{target} - {FRESH_COLUMN} / n x {first_call_ms!r} ms", y - share * first_call_ms
+    return target, y
 
 
 def stored_fit(profile: "StepProfile") -> StepFit | None:
@@ -754,7 +814,8 @@ def stored_fit(profile: "StepProfile") -> StepFit | None:
     features = features_of(profile.columns, attention)
     if not isinstance(rec, dict) or rec.get("features") != list(features):
         return None
-    digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes, attention)
+    digest = table_digest(profile.columns, profile.block_size, profile.cuda_graph_batch_sizes, attention,
+                          profile.first_call_ms)
     coefs = rec.get("coefficients_ms")
     if rec.get("table_sha256") != digest or not isinstance(coefs, dict):
         return None
@@ -764,7 +825,7 @@ def stored_fit(profile: "StepProfile") -> StepFit | None:
                        max_abs_err_pct=float(rec["max_abs_err_pct"]),
                        train_mape_pct=float(rec["train_mape_pct"]), n_train=int(rec["n_train"]),
                        n_heldout=int(rec["n_heldout"]), heldout=heldout_rows(len(profile)),
-                       table_sha256=digest, target=fit_target(profile.columns)[0])
+                       table_sha256=digest, target=fit_target(profile.columns, profile.first_call_ms)[0])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -801,7 +862,7 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
                          f"(need at least {HELD_OUT_EVERY}; one in {HELD_OUT_EVERY} is held out)")
     attention = table.decode_attention
     X = feature_matrix(table.columns, bs, sizes, attention)
-    target, y = fit_target(table.columns)
+    target, y = fit_target(table.columns, table.first_call_ms)
     held = heldout_rows(n)
     train = ~held
     A = X[train] / y[train, None]
@@ -815,7 +876,8 @@ def fit_step_profile(table, meta: dict | None = None, *, block_size: int | None 
     return StepFit(coefficients=coef, mape_pct=float(held_err.mean()), max_abs_err_pct=float(held_err.max()),
                    train_mape_pct=float(err[train].mean()), n_train=int(train.sum()), n_heldout=int(held.sum()),
                    heldout=held, features=features_of(table.columns, attention),
-                   table_sha256=table_digest(table.columns, bs, sizes, attention), target=target)
+                   table_sha256=table_digest(table.columns, bs, sizes, attention, table.first_call_ms),
+                   target=target)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -873,6 +935,13 @@ class StepCostModel:
         if fit.features[-1] == KV_FEATURE and not self._real_kv:
             coef.pop()
         self._coef = coef
+        fc = profile.first_call_ms
+        self.first_call_ns = 0.0 if fc is None else fc * 1e6
+        """ns an eager step with a prefill costs more at a token count this run has not priced yet."""
+        self.warm_tokens: frozenset = frozenset()
+        """Token counts the engine has run before a run starts (the live warm-up's): no first-call cost."""
+        self.seen_tokens: set = set()
+        """Token counts priced so far in this run, :attr:`warm_tokens` included (:meth:`begin_run`)."""
         # The eager decode attention's serial keys, where the fit has the feature.
         self._attention = profile.decode_attention if SERIAL_FEATURE in fit.features else None
         self._decode_memo: dict[tuple[int, int], float] = {}
@@ -893,6 +962,12 @@ class StepCostModel:
         return cls(profile, fit, extrapolate_context=extrapolate_context,
                    bytes_per_block=bytes_per_block, swap_gb_per_s=swap_gb_per_s,
                    loop_overhead_us=loop_overhead_us)
+
+    def begin_run(self) -> None:
+        """Start pricing a run: the engine has run :attr:`warm_tokens` and nothing else
+        (:func:`~schedsim.llm.simulate.simulate_llm` calls this; the same inputs then give the
+        same prices, however often the model is reused)."""
+        self.seen_tokens = set(self.warm_tokens)
 
     def __repr__(self) -> str:
         return (f"StepCostModel({self.profile.source!r}, held-out MAPE {self.fit.mape_pct:.2f}%, "
@@ -922,6 +997,9 @@ class StepCostModel:
             serial = serial_keys(nd, dwidth, self._attention, bs) if self._attention else None
             feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial)
             x = _combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
+            if self.first_call_ns and n > nd and tokens not in self.seen_tokens:
+                x += self.first_call_ns   # the engine's first step of this token count
+                self.seen_tokens.add(tokens)
         if swap_blocks:
             x += self._swap_ns(swap_blocks)
         return round(x)

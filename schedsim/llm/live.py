@@ -290,6 +290,39 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
             "warmup_prefill_lengths": len(lengths), "warmup_eager_cut": timed_out}
 
 
+class _CountingEngine:
+    """Stands in for an engine in :func:`warm_eager`: records each step's token count, runs nothing."""
+
+    def __init__(self, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...]):
+        self.block_size, self.num_blocks, self.max_context = block_size, num_blocks, max_context
+        self.graph_batch_sizes, self.cuda_graphs = tuple(graph_batch_sizes), bool(graph_batch_sizes)
+        self.counts: set[int] = set()
+
+    def execute(self, rows) -> None:
+        self.counts.add(sum(len(r.tokens) for r in rows))
+
+
+def warm_token_counts(*, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...],
+                      max_seqs: int, prefill_tokens: int) -> frozenset[int]:
+    """Token counts of the eager steps :func:`warm_up` runs with these settings: what a live
+    run's engine has run before its clock starts, so the simulator charges no first call
+    for them (:attr:`schedsim.llm.cost.StepCostModel.warm_tokens`)."""
+    engine = _CountingEngine(block_size, num_blocks, max_context, graph_batch_sizes)
+    warm_eager(engine, max_seqs=max_seqs, max_context=max_context, prefill_tokens=prefill_tokens,
+               budget_s=math.inf)
+    return frozenset(engine.counts)
+
+
+def live_warm_tokens(requests: Requests, policy, graph_batch_sizes: tuple[int, ...]) -> frozenset[int]:
+    """:func:`warm_token_counts` for what :func:`run_live_llm` warms up before replaying
+    ``requests`` under ``policy`` (its engine's own context limit aside)."""
+    budget = policy.budget
+    return warm_token_counts(block_size=budget.block_size, num_blocks=budget.num_blocks,
+                             max_context=engine_context(requests, policy), graph_batch_sizes=graph_batch_sizes,
+                             max_seqs=int(getattr(policy, "max_num_seqs", 256)),
+                             prefill_tokens=warmup_prefill_tokens(requests, policy))
+
+
 def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int, eager: bool = True) -> dict:
     """Run (and capture) the shapes the run will use before the clock starts.
 

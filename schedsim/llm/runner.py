@@ -97,6 +97,10 @@ def execute_llm(spec, options: LLMOptions, trace):
     budget = getattr(policy, "budget", None)
     if budget is not None:
         cost.bytes_per_block = budget.block_size * budget.spec.kv_bytes_per_token
+        if cost.first_call_ns:   # what `schedsim live` runs before its clock starts pays no first call
+            from schedsim.llm.live import live_warm_tokens
+
+            cost.warm_tokens = live_warm_tokens(requests, policy, profile.cuda_graph_batch_sizes)
 
     results, summaries = [], []
     with warnings.catch_warnings(record=True) as caught:

@@ -41,6 +41,9 @@ class _Driver:
         self.env = simpy.Environment()
         # Prices a repeated decode run-length encoded, where the cost model can (StepCostModel).
         self.decode_run_segments = getattr(cost, "decode_run_segments", None)
+        begin = getattr(cost, "begin_run", None)
+        if begin is not None:   # a cost model with state across steps (first calls) starts afresh
+            begin()
         self.n = n
         self.arrival_ns = requests.arrival_ns
         self.output_tokens = requests.output_tokens.astype(np.int64)

@@ -38,6 +38,10 @@ whole call is kept too, and their difference, the host work outside the GPU's pa
 (packing the inputs, the final synchronize), is kept per composition on a GPU (the
 median, column ``host_overhead_ms_p50``) and as the sidecar's ``step_overhead_us`` (the
 median over compositions).
+Then the *first-call phase* (:func:`_first_calls`, with fresh shapes): eager steps at 40
+token counts as far as can be from every count run, each timed twice; the sidecar's
+``first_call`` keeps the median of first less second, and the CSV's ``fresh_samples`` how
+many of each composition's samples ran at a new count (schedsim.llm.cost can price both).
 Afterwards it times KV block swaps (pinned host memory <-> device) and stamps the
 machine. Ctrl-C, an error or an out-of-memory step still write the compositions already
 sampled, marked ``"partial": true``.
@@ -71,7 +75,7 @@ from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
 from schedsim.host import pin_cpu
 from schedsim.llm.shapes import CUDA_GRAPH_BATCH_SIZES
-from schedsim.llm.cost import HOST_COLUMN, KV_COLUMN
+from schedsim.llm.cost import FIRST_CALL_KEY, FRESH_COLUMN, HOST_COLUMN, KV_COLUMN
 from schedsim.measure import gpu_state, machine_metadata, summarize
 from schedsim.profiler import Interrupted, Outcome
 
@@ -341,6 +345,8 @@ class _Cell:
     """Sum of the fresh-shape moves so far: the next one leans the other way."""
     fresh: int = 0
     """Samples taken at a fresh token count."""
+    fresh_flags: list = field(default_factory=list)
+    """Per sample of ``gpu_ms``: whether it ran at a token count new to the engine."""
 
     def nominal_rows(self) -> list:
         return self.rows_moved(0) if self.jitter else self.rows
@@ -441,6 +447,10 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
                 live = [c for c in cells if c.error is None]
                 _warm_up(eng, live, spec, rng, progress)
                 _sample(eng, live, spec, rng, progress, extras)
+                if spec.fresh_shapes and any(not c.graph for c in live):
+                    progress.phase("first calls", FIRST_CALL_STEPS)
+                    extras["first_call"] = _first_calls(eng, extras.pop("seen_tokens"), bs, cfg.vocab, rng,
+                                                        EngineRow, progress)
                 progress.phase("swap and overhead", 1)
                 extras["swap"] = _swap_rate(eng, spec)
                 extras["prepare_us"] = _prepare_times(eng, live)
@@ -533,6 +543,7 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
     progress.phase("sampling", len(cells) * target)
     deadline = time.perf_counter_ns() + int(spec.max_time_s * 1e9)
     fresh = _FreshShapes(cells)
+    extras["seen_tokens"] = fresh.seen   # what the first-call phase must avoid
     while min(len(c.gpu_ms) for c in cells) < target:
         if time.perf_counter_ns() >= deadline:
             extras["truncated"] = True
@@ -540,10 +551,11 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
         for i in rng.permutation(len(cells)):
             cell = cells[i]
             for _ in range(cell.per_visit):
-                rows = cell.rows_moved(fresh.move(cell)) if cell.jitter else cell.rows
-                gpu, host = _timed(eng, rows)
+                move = fresh.move(cell) if cell.jitter else 0   # 0: the nominal, warm shape
+                gpu, host = _timed(eng, cell.rows_moved(move) if cell.jitter else cell.rows)
                 cell.gpu_ms.append(gpu)
                 cell.host_ms.append(host)
+                cell.fresh_flags.append(move != 0)
         extras["rounds"] += 1
         progress.update(sum(min(len(c.gpu_ms), target) for c in cells),
                         f"round {extras['rounds']}")
@@ -635,6 +647,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
         row = dict(zip(KEY_COLUMNS, c.comp.key()))
         row[KV_COLUMN] = c.comp.decode_kv_tokens
         row.update({k: st[k] for k in STAT_COLUMNS})
+        row[FRESH_COLUMN] = int(sum(c.fresh_flags))
         rows.append(row)
         spread.append(st["latency_ms_std"] / st["latency_ms_mean"] if st["latency_ms_mean"] else 0.0)
         if st["unstable"]:
@@ -745,6 +758,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
                              if is_cuda and machine.get("gpu_multiprocessors") and "kv_heads" in describe
                              else None),
         "cpu_pinning": extras.get("cpu_pinning"),
+        FIRST_CALL_KEY: extras.get("first_call"),
         "warnings": warnings,
     }
     if extras.get("loop"):
@@ -763,7 +777,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
     with replaced_atomically(out) as tmp:
         with open(tmp, "w", newline="") as f:
             host = (HOST_COLUMN,) if rows and HOST_COLUMN in rows[0] else ()
-            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + (KV_COLUMN,) + STAT_COLUMNS + host))
+            w = csv.DictWriter(f, fieldnames=list(KEY_COLUMNS + (KV_COLUMN,) + STAT_COLUMNS + host + (FRESH_COLUMN,)))
             w.writeheader()
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -798,6 +812,52 @@ def _fresh_record(spec: StepProfileSpec, cells) -> dict:
         "compositions_all_fresh": sum(1 for c in eager if c.gpu_ms and c.fresh == len(c.gpu_ms)),
         "mean_move_tokens_max_abs": max((abs(c.drift) / len(c.gpu_ms) for c in eager if c.gpu_ms), default=0.0),
     }
+
+
+FIRST_CALL_STEPS = 40
+"""Token counts the first-call phase times (each twice)."""
+FIRST_CALL_SHAPE = (4, 2000, 140, 2000)
+"""(decodes, their context, fewest and most tokens in all) of the first-call phase's steps:
+one prefill beside a few decodes, as a lightly loaded server runs."""
+
+
+def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) -> dict:
+    """What an eager step pays the first time the engine runs its token count: for
+    :data:`FIRST_CALL_STEPS` counts, each as far as can be from every count run before
+    (the sampling's own included), one step timed twice; the first call less the second.
+
+    Measured on the H200: +3.3 ms at the median for a new count (1 prefill + 4 decodes of
+    140-2,000 tokens), +0.05 ms for a count run before, whether the new one is next to a
+    count run or far from any (experiments/fidelity-llm/diagnose_first_call_distance.py):
+    per exact count, not per band of counts.
+    """
+    decodes, ctx, lo, hi = FIRST_CALL_SHAPE
+    # A small engine (a quick CPU profile) gets shorter steps: they must fit its context and pool.
+    ctx, hi = min(ctx, eng.max_context - 2), min(hi, eng.max_context)
+    while hi > 2 * decodes and -(-hi // bs) + decodes * -(-(ctx + 1) // bs) > eng.num_blocks - 1:
+        ctx, hi = ctx // 2, hi // 2
+    lo = min(lo, max(hi // 2, decodes + 2))
+    candidates = np.arange(lo, hi + 1)
+    first, second, counts = [], [], []
+    for done in range(1, FIRST_CALL_STEPS + 1):
+        run = np.array(sorted(seen))
+        dist = np.min(np.abs(candidates[:, None] - run[None, :]), axis=1) if run.size else candidates
+        m = int(rng.choice(candidates[dist == dist.max()]))
+        comp = Composition(1, m - decodes, 0, decodes, ctx)
+        rows = _rows(comp, bs, vocab, rng, EngineRow)
+        first.append(_timed(eng, rows)[0])
+        second.append(_timed(eng, rows)[0])
+        seen.add(m)
+        counts.append(m)
+        progress.update(done)
+    extra = np.subtract(first, second)
+    return {"priced": False,   # measured, not priced: schedsim.llm.cost's module docstring says why
+            "what": ("an eager step (1 prefill + %d decodes at %d tokens, %d-%d tokens in all) at a token count "
+                     "new to the engine, timed twice: first call less second; the median over %d counts"
+                     % (decodes, ctx, lo, hi, len(extra))),
+            "ms": max(float(np.median(extra)), 0.0), "p25_ms": float(np.percentile(extra, 25)),
+            "p75_ms": float(np.percentile(extra, 75)), "steps": len(extra),
+            "first_ms_median": float(np.median(first)), "second_ms_median": float(np.median(second))}
 
 
 def _drift(cells) -> dict | None:

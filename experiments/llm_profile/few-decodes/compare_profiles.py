@@ -48,6 +48,27 @@ def variant(src: Path, blocks: int, out: Path) -> Path:
     return out / src.name
 
 
+def scores(path: Path, runs, tmp: Path) -> str:
+    """' | '-joined: the fit's held-out error; the median over cells of the live steps' error
+    p50 (eager / graph) per run; the table's median error per run (analyze.py); the error
+    against the runs' median (pooled.py): its median and the figures within 5%."""
+    import pandas as pd
+
+    fit = C.fit_step_profile(C.load_step_profile(path))
+    medians, steps, results = [], [], []
+    for run in runs:
+        res = tmp / f"res-{path.stem}-{run}"
+        subprocess.run([sys.executable, str(FIDELITY / "analyze.py"), "--run", str(FIDELITY / run),
+                        "--results", str(res), "--profile", str(path)], check=True, stdout=subprocess.DEVNULL)
+        medians.append(json.loads((res / "summary.json").read_text())["latency_abs_err_pct_median"])
+        t = pd.read_csv(res / "fidelity_llm.csv")
+        steps.append(f"{t.step_eager_err_p50_pct.abs().median():.1f} / {t.step_graph_err_p50_pct.abs().median():.1f}")
+        results.append(res)
+    e = pooled.pooled(results).err_pct.abs()
+    return (f"{fit.mape_pct:.2f} | {'; '.join(steps)} | {' / '.join(f'{m:.1f}' for m in medians)} | "
+            f"{np.median(e):.1f}%, {(e <= 5).sum()} of {len(e)}")
+
+
 def main() -> int:
     print("profile | resident blocks | held-out % | live step error p50 eager / graph, median over cells "
           "(runs 7, 9, 11) | table median error (runs 7, 9, 11) | against the 3 runs' median: median, within 5%")
@@ -55,23 +76,7 @@ def main() -> int:
         for name, src in PROFILES.items():
             for blocks in (1, 4):
                 path = variant(src, blocks, Path(tmp) / f"{name[:8]}-{blocks}")
-                fit = C.fit_step_profile(C.load_step_profile(path))
-                medians, steps, results = [], [], []
-                for run in RUNS:
-                    res = Path(tmp) / f"res-{name[:8]}-{blocks}-{run}"
-                    subprocess.run([sys.executable, str(FIDELITY / "analyze.py"), "--run", str(FIDELITY / run),
-                                    "--results", str(res), "--profile", str(path)],
-                                   check=True, stdout=subprocess.DEVNULL)
-                    medians.append(json.loads((res / "summary.json").read_text())["latency_abs_err_pct_median"])
-                    import pandas as pd
-                    t = pd.read_csv(res / "fidelity_llm.csv")
-                    steps.append(f"{t.step_eager_err_p50_pct.abs().median():.1f} / {t.step_graph_err_p50_pct.abs().median():.1f}")
-                    results.append(res)
-                table = pooled.pooled(results)
-                e = table.err_pct.abs()
-                print(f"{name} | {blocks} | {fit.mape_pct:.2f} | {'; '.join(steps)} | "
-                      f"{' / '.join(f'{m:.1f}' for m in medians)} | {np.median(e):.1f}%, {(e <= 5).sum()} of {len(e)}",
-                      flush=True)
+                print(f"{name} | {blocks} | {scores(path, RUNS, Path(tmp))}", flush=True)
     return 0
 
 
