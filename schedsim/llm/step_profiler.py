@@ -41,7 +41,8 @@ median over compositions).
 Then the *first-call phase* (:func:`_first_calls`, with fresh shapes): eager steps at 40
 token counts as far as can be from every count run, each timed twice; the sidecar's
 ``first_call`` keeps the median of first less second, and the CSV's ``fresh_samples`` how
-many of each composition's samples ran at a new count (schedsim.llm.cost can price both).
+many of each composition's samples ran at a new count (schedsim.llm.cost can price both;
+the mean first-less-second, as steps are priced by their means).
 Afterwards it times KV block swaps (pinned host memory <-> device) and stamps the
 machine. Ctrl-C, an error or an out-of-memory step still write the compositions already
 sampled, marked ``"partial": true``.
@@ -826,7 +827,7 @@ def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) 
     :data:`FIRST_CALL_STEPS` counts, each as far as can be from every count run before
     (the sampling's own included), one step timed twice; the first call less the second.
 
-    Measured on the H200: +3.3 ms at the median for a new count (1 prefill + 4 decodes of
+    Measured on the H200: +3.3 ms at the median (4.2 ms mean) for a new count (1 prefill + 4 decodes of
     140-2,000 tokens), +0.05 ms for a count run before, whether the new one is next to a
     count run or far from any (experiments/fidelity-llm/diagnose_first_call_distance.py):
     per exact count, not per band of counts.
@@ -851,11 +852,14 @@ def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) 
         counts.append(m)
         progress.update(done)
     extra = np.subtract(first, second)
+    # The mean, as the model prices every step by its mean: the extra is skewed (on the H200
+    # median 3.3 ms, mean 4.2 ms in experiments/fidelity-llm/diagnose_first_call_distance.py).
     return {"priced": False,   # measured, not priced: schedsim.llm.cost's module docstring says why
             "what": ("an eager step (1 prefill + %d decodes at %d tokens, %d-%d tokens in all) at a token count "
-                     "new to the engine, timed twice: first call less second; the median over %d counts"
+                     "new to the engine, timed twice: first call less second; the mean over %d counts"
                      % (decodes, ctx, lo, hi, len(extra))),
-            "ms": max(float(np.median(extra)), 0.0), "p25_ms": float(np.percentile(extra, 25)),
+            "ms": max(float(np.mean(extra)), 0.0), "median_ms": float(np.median(extra)),
+            "p25_ms": float(np.percentile(extra, 25)),
             "p75_ms": float(np.percentile(extra, 75)), "steps": len(extra),
             "first_ms_median": float(np.median(first)), "second_ms_median": float(np.median(second))}
 
