@@ -272,12 +272,12 @@ def _first_call_model(ms: float) -> StepCostModel:
 
 
 def test_a_priced_first_call_is_charged_once_per_new_token_count_and_each_run_starts_afresh():
-    plain, model = _first_call_model(0.0), _first_call_model(2.5)
+    plain, model = _first_call_model(0.0), _first_call_model(0.5)   # the synthetic prefills take 1.6 ms and more
     prefill = (np.array([300, 1, 1]), np.array([0, 40, 90]))
-    assert model.first_call_ns == 2.5e6 and plain.first_call_ns == 0.0
+    assert model.first_call_ns == 0.5e6 and plain.first_call_ns == 0.0
     model.begin_run()
     first, again = model.step_ns(*prefill), model.step_ns(*prefill)
-    assert first - again == 2_500_000
+    assert first - again == 500_000
     plain.begin_run()
     assert plain.step_ns(*prefill) == plain.step_ns(*prefill)    # 0 ms: no first-call term
     decode = (np.ones(3, dtype=np.int64), np.array([40, 90, 10]))
@@ -287,13 +287,18 @@ def test_a_priced_first_call_is_charged_once_per_new_token_count_and_each_run_st
     assert model.step_ns(*prefill) == again                      # the warm-up ran this count
 
 
+def test_a_first_call_longer_than_a_step_is_refused():
+    with pytest.raises(InputError, match=r"row \d+: first_call.ms 1e\+06 is more than"):
+        _first_call_model(1e6)
+
+
 def test_the_simulator_starts_every_run_with_the_warm_counts():
     from schedsim.llm.live import warm_token_counts
 
     counts = warm_token_counts(block_size=16, num_blocks=4096, max_context=8192, graph_batch_sizes=(1, 2, 4, 8),
                                max_seqs=16, prefill_tokens=2048)
     assert {2048, 1024, 16} <= counts and all(isinstance(c, int) for c in counts)
-    model = _first_call_model(2.5)
+    model = _first_call_model(0.5)
     model.warm_tokens = counts
     model.seen_tokens = {1, 2, 3}
     model.begin_run()

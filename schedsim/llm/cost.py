@@ -803,6 +803,11 @@ def fit_target(columns: dict, first_call_ms: float | None = None) -> tuple[str, 
     if first_call_ms and FRESH_COLUMN in columns:
         share = np.asarray(columns[FRESH_COLUMN], dtype=np.float64) / np.asarray(columns["n"], dtype=np.float64)
         target, y = f"{target} - {FRESH_COLUMN} / n x {first_call_ms!r} ms", y - share * first_call_ms
+        if (y <= 0).any():
+            i = int(np.flatnonzero(y <= 0)[0])
+            raise InputError(f"row {i}: first_call.ms {first_call_ms:g} is more than the step's measured time "
+                             f"allows for its {int(columns[FRESH_COLUMN][i])} fresh samples of {int(columns['n'][i])}: "
+                             "the step would cost nothing at a count run before; do not price this first call")
     return target, y
 
 
