@@ -40,9 +40,9 @@ median, column ``host_overhead_ms_p50``) and as the sidecar's ``step_overhead_us
 median over compositions).
 Then the *first-call phase* (:func:`_first_calls`, with fresh shapes): eager steps at 40
 token counts as far as can be from every count run, each timed twice; the sidecar's
-``first_call`` keeps the median of first less second, and the CSV's ``fresh_samples`` how
-many of each composition's samples ran at a new count (schedsim.llm.cost can price both;
-the mean first-less-second, as steps are priced by their means).
+``first_call`` keeps the mean of first less second (steps are priced by their means), and
+the CSV's ``fresh_samples`` how many of each composition's samples ran at a new count;
+schedsim.llm.cost can price both.
 Afterwards it times KV block swaps (pinned host memory <-> device) and stamps the
 machine. Ctrl-C, an error or an out-of-memory step still write the compositions already
 sampled, marked ``"partial": true``.
@@ -346,8 +346,6 @@ class _Cell:
     """Sum of the fresh-shape moves so far: the next one leans the other way."""
     fresh: int = 0
     """Samples taken at a fresh token count."""
-    fresh_flags: list = field(default_factory=list)
-    """Per sample of ``gpu_ms``: whether it ran at a token count new to the engine."""
 
     def nominal_rows(self) -> list:
         return self.rows_moved(0) if self.jitter else self.rows
@@ -552,11 +550,10 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
         for i in rng.permutation(len(cells)):
             cell = cells[i]
             for _ in range(cell.per_visit):
-                move = fresh.move(cell) if cell.jitter else 0   # 0: the nominal, warm shape
-                gpu, host = _timed(eng, cell.rows_moved(move) if cell.jitter else cell.rows)
+                rows = cell.rows_moved(fresh.move(cell)) if cell.jitter else cell.rows
+                gpu, host = _timed(eng, rows)
                 cell.gpu_ms.append(gpu)
                 cell.host_ms.append(host)
-                cell.fresh_flags.append(move != 0)
         extras["rounds"] += 1
         progress.update(sum(min(len(c.gpu_ms), target) for c in cells),
                         f"round {extras['rounds']}")
@@ -648,7 +645,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
         row = dict(zip(KEY_COLUMNS, c.comp.key()))
         row[KV_COLUMN] = c.comp.decode_kv_tokens
         row.update({k: st[k] for k in STAT_COLUMNS})
-        row[FRESH_COLUMN] = int(sum(c.fresh_flags))
+        row[FRESH_COLUMN] = c.fresh
         rows.append(row)
         spread.append(st["latency_ms_std"] / st["latency_ms_mean"] if st["latency_ms_mean"] else 0.0)
         if st["unstable"]:
@@ -827,9 +824,9 @@ def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) 
     :data:`FIRST_CALL_STEPS` counts, each as far as can be from every count run before
     (the sampling's own included), one step timed twice; the first call less the second.
 
-    Measured on the H200: +3.3 ms at the median (4.2 ms mean) for a new count (1 prefill + 4 decodes of
-    140-2,000 tokens), +0.05 ms for a count run before, whether the new one is next to a
-    count run or far from any (experiments/fidelity-llm/diagnose_first_call_distance.py):
+    Measured on the H200: +3.3 ms at the median (4.2 ms mean) for a new count (1 prefill +
+    4 decodes, 140-2,000 tokens), +0.05 ms for a count run before, whether the new one is
+    next to a count run or far from any (experiments/fidelity-llm/diagnose_first_call_distance.py):
     per exact count, not per band of counts.
     """
     decodes, ctx, lo, hi = FIRST_CALL_SHAPE
@@ -839,7 +836,7 @@ def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) 
         ctx, hi = ctx // 2, hi // 2
     lo = min(lo, max(hi // 2, decodes + 2))
     candidates = np.arange(lo, hi + 1)
-    first, second, counts = [], [], []
+    first, second = [], []
     for done in range(1, FIRST_CALL_STEPS + 1):
         run = np.array(sorted(seen))
         dist = np.min(np.abs(candidates[:, None] - run[None, :]), axis=1) if run.size else candidates
@@ -849,7 +846,6 @@ def _first_calls(eng, seen: set, bs: int, vocab: int, rng, EngineRow, progress) 
         first.append(_timed(eng, rows)[0])
         second.append(_timed(eng, rows)[0])
         seen.add(m)
-        counts.append(m)
         progress.update(done)
     extra = np.subtract(first, second)
     # The mean, as the model prices every step by its mean: the extra is skewed (on the H200
