@@ -275,6 +275,7 @@ def test_warm_up_runs_eager_shapes_and_leaves_every_block_but_the_null_one_alone
     assert info["warmup_eager_steps"] == len(spy.steps) - 1 and info["warmup_eager_s"] > 0
     sizes = sorted({sum(n for n, _, _ in step) for step in spy.steps})
     assert sizes[-1] >= 300 and {16, 32, 64, 128, 256} <= set(sizes)
+    assert set(range(16, 200 + 1, 16)) <= set(sizes)    # the dense sweep, up to the context
     assert any(c > 0 and n > 1 for step in spy.steps for n, c, _ in step), "a chunk over cached context"
     assert any(len({n > 1 for n, _, _ in step}) == 2 for step in spy.steps), "a mixed step"
     assert all(n + c <= 200 for step in spy.steps for n, c, _ in step)

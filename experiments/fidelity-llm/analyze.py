@@ -131,8 +131,10 @@ STEP_COLUMNS = ("n_rows", "tokens", "prefill_rows", "prefill_attention", "prefil
                 "decode_max_context", "graph", "gpu_ms")
 
 
-def step_errors(steps_csv: Path, cost=None) -> dict:
-    """Per-step predicted vs measured GPU time of a live_steps.csv, graph and eager steps apart.
+def priced_steps(steps_csv: Path, cost=None) -> dict | None:
+    """Every logged ok step of a live_steps.csv, priced by the step model: arrays ``graph``
+    (bool), ``tokens``, ``pred``, ``meas`` (ms), ``err`` (%), ``start_s``, ``gpu_ms`` in log
+    order, and ``with_host``, ``kv_from``; None for a log without composition columns (run1).
 
     The step model's features (schedsim.llm.cost.step_features) are computed from each
     logged step's composition sums with cost.py's formulas: a graph step runs at G =
@@ -141,9 +143,6 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     D = round_up(decode_max_context + 1, block_size). Predicted ms = features . fitted
     coefficients + the profile's step overhead; measured = the CUDA-event time, or the engine
     call's wall time (engine_ms) when the fit includes the host time per composition.
-    Returns {graph,eager}_{n,err_p50_pct, err_p90_pct} of (predicted - measured) / measured, {graph,eager}_live_host_us_p50 (the
-    median of the live step period minus its GPU time) and model_step_overhead_us; {} for a
-    log without composition columns (run1) and NaN where a kind has no step.
     """
     import csv
 
@@ -158,13 +157,13 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     with opener(steps_csv, "rt", newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not set(STEP_COLUMNS) <= set(rows[0]):
-        return {}
+        return None
     rows = [r for r in rows if r.get("status", "ok") == "ok" and r["gpu_ms"] not in ("", "nan")]
     cost = cost or StepCostModel.from_profile(load_step_profile(PROFILE))
     col = {k: np.array([float(r[k]) if k == "gpu_ms" else int(r[k]) for r in rows] if k != "graph"
                        else [r[k] == "True" for r in rows]) for k in STEP_COLUMNS}
     if not rows:
-        return {}
+        return None
     bs = cost.block_size
     graph = col["graph"].astype(np.int64)
     sizes = cost.graph_sizes or (1,)
@@ -190,15 +189,32 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     # what engine_ms times live; else the forward pass, against its CUDA-event time.
     with_host = cost.fit.includes_host and "engine_ms" in rows[0]
     meas = np.array([float(r["engine_ms"]) for r in rows]) if with_host else col["gpu_ms"]
-    err = (pred - meas) / meas * 100.0
+    return {"graph": graph == 1, "tokens": col["tokens"], "pred": pred, "meas": meas,
+            "err": (pred - meas) / meas * 100.0, "start_s": np.array([float(r["start_s"]) for r in rows]),
+            "gpu_ms": col["gpu_ms"], "with_host": with_host, "kv_from": kv_from}
+
+
+def step_errors(steps_csv: Path, cost=None) -> dict:
+    """Per-step predicted vs measured time of a live_steps.csv (:func:`priced_steps`), graph
+    and eager steps apart: {graph,eager}_{n, err_p50_pct, err_p90_pct} of (predicted -
+    measured) / measured, {graph,eager}_live_host_us_p50 (the median of the live step period
+    minus its GPU time) and model_step_overhead_us; {} for a log without composition columns
+    (run1) and NaN where a kind has no step."""
+    from schedsim.llm.cost import StepCostModel, load_step_profile
+
+    cost = cost or StepCostModel.from_profile(load_step_profile(PROFILE))
+    p = priced_steps(steps_csv, cost)
+    if p is None:
+        return {}
+    err, meas = p["err"], p["meas"]
     # Host time per step in the live loop: the next step's start minus this one's start,
     # less this step's GPU time (scheduling, input packing, launch, synchronize).
-    start = np.array([float(r["start_s"]) for r in rows])
-    host_us = (np.append(np.diff(start), np.nan) * 1e3 - col["gpu_ms"]) * 1e3
-    out = {"model_step_overhead_us": cost.overhead_ns / 1e3, "step_err_against": "engine_ms" if with_host else "gpu_ms"}
-    if kv_from:
-        out["step_real_kv_from"] = kv_from
-    for kind, mask in (("graph", graph == 1), ("eager", graph == 0)):
+    host_us = (np.append(np.diff(p["start_s"]), np.nan) * 1e3 - p["gpu_ms"]) * 1e3
+    out = {"model_step_overhead_us": cost.overhead_ns / 1e3,
+           "step_err_against": "engine_ms" if p["with_host"] else "gpu_ms"}
+    if p["kv_from"]:
+        out["step_real_kv_from"] = p["kv_from"]
+    for kind, mask in (("graph", p["graph"]), ("eager", ~p["graph"])):
         e = err[mask & np.isfinite(err) & (meas > 0)]
         h = host_us[mask & np.isfinite(host_us)]
         out[f"step_{kind}_n"] = int(e.size)

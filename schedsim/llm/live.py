@@ -218,6 +218,12 @@ def _spread(top: int, first: int) -> list[int]:
     return out + [int(top)] if top >= 1 else []
 
 
+DENSE_WARMUP_STEP = 16
+"""Token-count stride of the warm-up's dense sweep of short prefills (:func:`warm_eager`)."""
+DENSE_WARMUP_TOP = 2048
+"""Where the dense sweep stops: beyond it an eager step's own work outweighs a first call."""
+
+
 def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
                budget_s: float = 30.0) -> dict:
     """Run eager steps over a spread of shapes, so the replay does not pay first-call costs.
@@ -231,7 +237,13 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
     ``max_context``, cycled); and a mixed step, the chunk (over no context or a cached one,
     in turn) with some decodes (1, 2, 4 ... ``max_seqs``, cycled) over a spread of contexts.
     Decode-only steps that run eagerly (more rows than the largest captured graph, or no
-    graphs) get a few shapes too. Every row reads and writes only the null block, so no
+    graphs) get a few shapes too. Then every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
+    ``min(prefill_tokens, DENSE_WARMUP_TOP)`` not run yet, alone: the first steps of a new
+    token count early in a process cost the most (the GEMMs' kernels for a new M are chosen,
+    and loaded on first use), and the fidelity table's first cell, at light load, paid it
+    on its early prefills (`experiments/fidelity-llm/README.md`, session 7: eager steps of up
+    to 1,024 tokens at new counts priced 28-38% low in the cell's first third, between 14%
+    low and 12% high in its last). Every row reads and writes only the null block, so no
     request's KV changes. Stops starting steps after ``budget_s``.
     """
     from schedsim.engines.llm_rows import NULL_BLOCK, EngineRow
@@ -285,6 +297,15 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
             timed_out = True
             break
         engine.execute(decodes(d, i))
+        steps += 1
+    done = set(lengths)
+    for n in range(DENSE_WARMUP_STEP, min(top, DENSE_WARMUP_TOP, cap) + 1, DENSE_WARMUP_STEP):
+        if n in done:
+            continue
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        engine.execute(chunk(n, 0))
         steps += 1
     return {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": steps,
             "warmup_prefill_lengths": len(lengths), "warmup_eager_cut": timed_out}
