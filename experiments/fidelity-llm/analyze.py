@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import HERE, load_cell_trace, load_cells, load_result, smoke  # noqa: E402
+from common import HERE, engine_settings, load_cell_trace, load_cells, load_result, smoke  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 PROFILE = ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv"
@@ -68,11 +68,12 @@ def cell_trace(cell, is_smoke: bool):
     return smoke(cell, trace) if is_smoke else (cell, trace)
 
 
-def engine_model(cells_mod, is_smoke: bool = False):
+def engine_model(cells_mod, is_smoke: bool = False, run: Path | None = None):
     """The step cost model of the cells' one live engine, with the token counts its warm-up
-    runs (run_h200.py: one warm_up for all cells) as its warm ones."""
+    runs (run_h200.py: one warm_up for all cells) as its warm ones: the warm-up ``run``
+    recorded (runs 1-12 had no dense sweep of short prefills), today's without one."""
     from schedsim.llm.cost import StepCostModel, load_step_profile
-    from schedsim.llm.live import engine_context, warm_token_counts, warmup_prefill_tokens
+    from schedsim.llm.live import warm_token_counts
     from schedsim.plugins import build_policy
     from schedsim.policy import Requests
 
@@ -83,10 +84,11 @@ def engine_model(cells_mod, is_smoke: bool = False):
         for cell in cells_mod.CELLS:
             cell, trace = cell_trace(cell, is_smoke)
             runs.append((Requests.from_trace(trace), build_policy(cells_mod.policy_name(cell), dict(cell["params"]))))
-        cost.warm_tokens = warm_token_counts(
-            block_size=16, num_blocks=max(p.budget.num_blocks for _, p in runs),
-            max_context=max(engine_context(r, p) for r, p in runs), graph_batch_sizes=profile.cuda_graph_batch_sizes,
-            max_seqs=max(p.max_num_seqs for _, p in runs), prefill_tokens=max(warmup_prefill_tokens(r, p) for r, p in runs))
+        info = run / "run_info.json" if run is not None else None
+        dense = (json.loads(info.read_text()).get("setup", {}).get("warmup_dense_steps", 0) > 0
+                 if info is not None and info.exists() else True)
+        cost.warm_tokens = warm_token_counts(block_size=16, graph_batch_sizes=profile.cuda_graph_batch_sizes,
+                                             dense=dense, **engine_settings(runs))
     return cost
 
 
@@ -239,7 +241,7 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare(cells_mod)
         return 0
-    cost = engine_model(cells_mod, args.smoke)
+    cost = engine_model(cells_mod, args.smoke, args.run)
     if args.sim_only or args.run is None:
         for cell in cells_mod.CELLS:
             s = simulate(cell, cells_mod, None, cost=cost)

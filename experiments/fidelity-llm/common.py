@@ -74,6 +74,18 @@ def smoke(cell: dict, trace):
     return cell | {"params": cell["params"] | {"num_gpu_blocks": 60, "max_model_len": 256}}, trace
 
 
+def engine_settings(runs) -> dict:
+    """The one live engine of the cells and its warm-up, from (requests, policy) pairs of all
+    cells (run_h200.py builds it so; analyze.py prices its warm-up): ``num_blocks``,
+    ``max_context``, ``max_seqs`` and ``prefill_tokens``."""
+    from schedsim.llm.live import engine_context, warmup_prefill_tokens
+
+    return {"num_blocks": max(p.budget.num_blocks for _, p in runs),
+            "max_context": max(engine_context(r, p) for r, p in runs),
+            "max_seqs": max(p.max_num_seqs for _, p in runs),
+            "prefill_tokens": max(warmup_prefill_tokens(r, p) for r, p in runs)}
+
+
 def time_engine_call(engine, rows) -> tuple[float, float]:
     """(wall ms, CUDA-event ms) of one ``engine.execute(rows)``: what the diagnostics compare."""
     import time

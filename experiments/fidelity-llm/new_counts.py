@@ -46,7 +46,10 @@ def main(argv=None) -> int:
                 continue
             eager = ~p["graph"]
             tokens, err = p["tokens"][eager], p["err"][eager]
-            new = np.array([t not in seen and not seen.add(t) for t in tokens.tolist()], dtype=bool)
+            new = np.zeros(tokens.size, dtype=bool)
+            for i, t in enumerate(tokens.tolist()):
+                new[i] = t not in seen
+                seen.add(t)
             third = np.arange(tokens.size) * 3 // max(tokens.size, 1)   # 0, 1, 2: which third of the cell
             short = tokens <= SHORT
 

@@ -34,10 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import HERE, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
+from common import HERE, engine_settings, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.llm.live import (engine_context, run_live_llm, warm_up, warmup_prefill_tokens,  # noqa: E402
-                               write_live_steps_csv)
+from schedsim.llm.live import run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
 from schedsim.llm.metrics import summarize_llm  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
 from schedsim.policy import Requests  # noqa: E402
@@ -87,15 +86,13 @@ def main(argv=None) -> int:
             cell, trace = smoke(cell, trace)
         params = dict(cell["params"])
         runs.append((cell, trace, Requests.from_trace(trace), build_policy(cells_mod.policy_name(cell), params)))
-    blocks = max(p.budget.num_blocks for *_, p in runs)
-    longest = max(engine_context(r, p) for _, _, r, p in runs) - 1
-    prefill = max(warmup_prefill_tokens(r, p) for _, _, r, p in runs)
+    settings = engine_settings([(r, p) for _, _, r, p in runs])
+    blocks, context, prefill = settings["num_blocks"], settings["max_context"], settings["prefill_tokens"]
     with PagedLLMEngine(model, blocks, 16, device, dtype, cuda_graphs=True, seed=0,
-                        max_context=longest + 1) as engine:
-        setup = warm_up(engine, max_seqs=max(p.max_num_seqs for *_, p in runs), max_context=longest + 1,
-                        prefill_tokens=prefill)
+                        max_context=context) as engine:
+        setup = warm_up(engine, max_seqs=settings["max_seqs"], max_context=context, prefill_tokens=prefill)
         setup["prefill_tokens"] = prefill
-        print(f"engine: {blocks} blocks, max context {longest + 1}; warm-up {setup['engine_warmup_s']:.1f} s "
+        print(f"engine: {blocks} blocks, max context {context}; warm-up {setup['engine_warmup_s']:.1f} s "
               f"(eager {setup['warmup_eager_s']:.1f} s, {setup['warmup_eager_steps']} steps up to {prefill} "
               f"tokens), {setup['warmup_decode_shapes']} decode shapes, {len(engine.graph_shapes)} graphs "
               f"[{time.perf_counter() - t_start:.0f} s]", flush=True)

@@ -174,7 +174,8 @@ FRESH_COLUMN = "fresh_samples"
 prices the first call of a token count apart (module docstring)."""
 FIRST_CALL_KEY = "first_call"
 """Sidecar object: ``ms``, what an eager step costs more the first time the engine runs its
-token count, measured by the profiler (median over compositions of fresh less warm means)."""
+token count, measured by the profiler (new counts timed twice: the mean of the first call
+less the second), and ``priced``, whether the model adds it (module docstring)."""
 OPTIONAL_COLUMNS = (KV_COLUMN, HOST_COLUMN, FRESH_COLUMN)
 """Optional columns, in the order written."""
 LOOP_KEYS = ("loop_overhead_us", "loop_overhead_us_per_row")
@@ -254,12 +255,6 @@ class DecodeAttention:
         if v is None:
             return None
         return cls(**{k: int(v[k]) for k in ATTENTION_FIELDS if k in v})
-
-    def digest_key(self) -> tuple:
-        """What a fit depends on; a default ``blocks_per_multiprocessor`` is left out, so a
-        profile from before that field existed keeps its digest."""
-        key = (self.kv_heads, self.split_ctas, self.min_split_blocks, self.multiprocessors)
-        return key if self.blocks_per_multiprocessor == 1 else key + (self.blocks_per_multiprocessor,)
 
     def splits(self, decodes: int, width_blocks: int) -> int:
         """Segments the width is cut into: the engine's decode_splits, restated."""
@@ -781,7 +776,9 @@ def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
 
     settings = (features_of(columns, attention), SPLIT_RULE, int(block_size), tuple(graph_sizes))
     if attention is not None:   # a profile without them hashes as before they existed
-        settings += (attention,) + attention.digest_key()[4:]
+        settings += (attention,)   # its repr leaves blocks_per_multiprocessor out: added when not 1
+        if attention.blocks_per_multiprocessor != 1:
+            settings += (attention.blocks_per_multiprocessor,)
     if first_call_ms:
         settings += (("first_call_ms", float(first_call_ms)),)
     h = hashlib.sha256(repr(settings).encode())
@@ -1002,7 +999,7 @@ class StepCostModel:
             serial = serial_keys(nd, dwidth, self._attention, bs) if self._attention else None
             feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial)
             x = _combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
-            if self.first_call_ns and n > nd and tokens not in self.seen_tokens:
+            if self.first_call_ns and tokens not in self.seen_tokens:   # (this branch has a prefill)
                 x += self.first_call_ns   # the engine's first step of this token count
                 self.seen_tokens.add(tokens)
         if swap_blocks:

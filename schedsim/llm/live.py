@@ -54,6 +54,7 @@ import time
 
 import numpy as np
 
+from schedsim.llm.loop_overhead import NullLLMEngine
 from schedsim.llm.results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.llm.step import Step
 from schedsim.policy import NEVER, Requests
@@ -221,11 +222,13 @@ def _spread(top: int, first: int) -> list[int]:
 DENSE_WARMUP_STEP = 16
 """Token-count stride of the warm-up's dense sweep of short prefills (:func:`warm_eager`)."""
 DENSE_WARMUP_TOP = 2048
-"""Where the dense sweep stops: beyond it an eager step's own work outweighs a first call."""
+"""Where the dense sweep stops: twice the 1,024 tokens up to which the fidelity table's
+launch-bound eager steps were priced low; a new count's first call cost 6.2 ms at the median
+up to 1,024 tokens and 3.0 ms above (experiments/fidelity-llm/first_call_distance.json)."""
 
 
 def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
-               budget_s: float = 30.0) -> dict:
+               budget_s: float = 30.0, dense: bool = True) -> dict:
     """Run eager steps over a spread of shapes, so the replay does not pay first-call costs.
 
     On a fresh engine the first eager step of a shape pays for kernel loading and
@@ -237,7 +240,8 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
     ``max_context``, cycled); and a mixed step, the chunk (over no context or a cached one,
     in turn) with some decodes (1, 2, 4 ... ``max_seqs``, cycled) over a spread of contexts.
     Decode-only steps that run eagerly (more rows than the largest captured graph, or no
-    graphs) get a few shapes too. Then every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
+    graphs) get a few shapes too. Then (``dense``, since session 7; live runs before it had no
+    such sweep, and their ``setup`` has no ``warmup_dense_steps``) every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
     ``min(prefill_tokens, DENSE_WARMUP_TOP)`` not run yet, alone: the first steps of a new
     token count early in a process cost the most (the GEMMs' kernels for a new M are chosen,
     and loaded on first use), and the fidelity table's first cell, at light load, paid it
@@ -299,38 +303,41 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
         engine.execute(decodes(d, i))
         steps += 1
     done = set(lengths)
-    for n in range(DENSE_WARMUP_STEP, min(top, DENSE_WARMUP_TOP, cap) + 1, DENSE_WARMUP_STEP):
-        if n in done:
-            continue
+    swept = [n for n in range(DENSE_WARMUP_STEP, min(top, DENSE_WARMUP_TOP, cap) + 1, DENSE_WARMUP_STEP)
+             if dense and n not in done]
+    for n in swept:
         if time.perf_counter() - t > budget_s:
             timed_out = True
             break
         engine.execute(chunk(n, 0))
         steps += 1
     return {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": steps,
-            "warmup_prefill_lengths": len(lengths), "warmup_eager_cut": timed_out}
+            "warmup_prefill_lengths": len(lengths), "warmup_dense_steps": len(swept), "warmup_eager_cut": timed_out}
 
 
-class _CountingEngine:
-    """Stands in for an engine in :func:`warm_eager`: records each step's token count, runs nothing."""
+class _CountingEngine(NullLLMEngine):
+    """A :class:`~schedsim.llm.loop_overhead.NullLLMEngine` with captured graph sizes that
+    records each step's token count: what :func:`warm_eager` would run, run in no time."""
 
     def __init__(self, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...]):
-        self.block_size, self.num_blocks, self.max_context = block_size, num_blocks, max_context
+        super().__init__(num_blocks, block_size, max_context)
         self.graph_batch_sizes, self.cuda_graphs = tuple(graph_batch_sizes), bool(graph_batch_sizes)
         self.counts: set[int] = set()
 
-    def execute(self, rows) -> None:
+    def execute(self, rows) -> np.ndarray:
         self.counts.add(sum(len(r.tokens) for r in rows))
+        return super().execute(rows)
 
 
 def warm_token_counts(*, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...],
-                      max_seqs: int, prefill_tokens: int) -> frozenset[int]:
+                      max_seqs: int, prefill_tokens: int, dense: bool = True) -> frozenset[int]:
     """Token counts of the eager steps :func:`warm_up` runs with these settings: what a live
     run's engine has run before its clock starts, so the simulator charges no first call
-    for them (:attr:`schedsim.llm.cost.StepCostModel.warm_tokens`)."""
+    for them (:attr:`schedsim.llm.cost.StepCostModel.warm_tokens`). ``dense``: as
+    :func:`warm_eager`'s (False for a run recorded before the dense sweep existed)."""
     engine = _CountingEngine(block_size, num_blocks, max_context, graph_batch_sizes)
     warm_eager(engine, max_seqs=max_seqs, max_context=max_context, prefill_tokens=prefill_tokens,
-               budget_s=math.inf)
+               budget_s=math.inf, dense=dense)
     return frozenset(engine.counts)
 
 

@@ -445,11 +445,10 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
                 _prepare_all(eng, cells, failed, progress, is_out_of_memory, torch)
                 live = [c for c in cells if c.error is None]
                 _warm_up(eng, live, spec, rng, progress)
-                _sample(eng, live, spec, rng, progress, extras)
+                seen = _sample(eng, live, spec, rng, progress, extras)
                 if spec.fresh_shapes and any(not c.graph for c in live):
                     progress.phase("first calls", FIRST_CALL_STEPS)
-                    extras["first_call"] = _first_calls(eng, extras.pop("seen_tokens"), bs, cfg.vocab, rng,
-                                                        EngineRow, progress)
+                    extras["first_call"] = _first_calls(eng, seen, bs, cfg.vocab, rng, EngineRow, progress)
                 progress.phase("swap and overhead", 1)
                 extras["swap"] = _swap_rate(eng, spec)
                 extras["prepare_us"] = _prepare_times(eng, live)
@@ -536,13 +535,13 @@ def _warm_up(eng, cells, spec: StepProfileSpec, rng, progress) -> None:
         progress.update(done, cell.comp.label)
 
 
-def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
-    """Rounds over all compositions in random orders until the targets hold or time runs out."""
+def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> set[int]:
+    """Rounds over all compositions in random orders until the targets hold or time runs out.
+    Returns the step token counts the engine has run eagerly (what a first call avoids)."""
     target = spec.min_samples
     progress.phase("sampling", len(cells) * target)
     deadline = time.perf_counter_ns() + int(spec.max_time_s * 1e9)
     fresh = _FreshShapes(cells)
-    extras["seen_tokens"] = fresh.seen   # what the first-call phase must avoid
     while min(len(c.gpu_ms) for c in cells) < target:
         if time.perf_counter_ns() >= deadline:
             extras["truncated"] = True
@@ -557,6 +556,7 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> None:
         extras["rounds"] += 1
         progress.update(sum(min(len(c.gpu_ms), target) for c in cells),
                         f"round {extras['rounds']}")
+    return fresh.seen
 
 
 def _swap_rate(eng, spec: StepProfileSpec, reps: int = 5) -> dict:

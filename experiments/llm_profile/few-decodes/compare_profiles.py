@@ -37,13 +37,14 @@ RUNS = ("run7", "run9", "run11")
 FIDELITY = ROOT / "experiments" / "fidelity-llm"
 
 
-def variant(src: Path, blocks: int, out: Path) -> Path:
-    """A copy of the profile whose sidecar has ``blocks`` resident blocks and no stored fit."""
+def variant(src: Path, out: Path, key: str, **settings) -> Path:
+    """A copy of the profile in ``out`` whose sidecar object ``key`` has ``settings`` set, and
+    no stored fit (the model refits it)."""
     out.mkdir(parents=True)
     shutil.copy(src, out / src.name)
     meta = json.loads(src.with_suffix(".json").read_text())
     meta.pop("fit", None)
-    meta[C.ATTENTION_KEY] = dict(meta[C.ATTENTION_KEY], blocks_per_multiprocessor=blocks)
+    meta[key] = dict(meta[key], **settings)
     (out / src.name).with_suffix(".json").write_text(json.dumps(meta))
     return out / src.name
 
@@ -75,7 +76,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, src in PROFILES.items():
             for blocks in (1, 4):
-                path = variant(src, blocks, Path(tmp) / f"{name[:8]}-{blocks}")
+                path = variant(src, Path(tmp) / f"{name[:8]}-{blocks}", C.ATTENTION_KEY,
+                               blocks_per_multiprocessor=blocks)
                 print(f"{name} | {blocks} | {scores(path, RUNS, Path(tmp))}", flush=True)
     return 0
 

@@ -17,7 +17,6 @@ scored unpriced and priced on live runs 7, 9, 11 and 12, beside the committed pr
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -26,23 +25,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "few-decodes"))
 
-from compare_profiles import scores  # noqa: E402
+from compare_profiles import scores, variant  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12")
 PROFILES = {"committed (session 6)": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "slow host": HERE / "llama-1b-bf16-h200-steps-slowhost.csv",
             "fast host": HERE / "llama-1b-bf16-h200-steps-fasthost.csv"}
-
-
-def priced(src: Path, out: Path) -> Path:
-    """A copy of the profile whose sidecar prices the first call it measured, no stored fit."""
-    out.mkdir(parents=True)
-    shutil.copy(src, out / src.name)
-    meta = json.loads(src.with_suffix(".json").read_text())
-    meta.pop("fit", None)
-    meta["first_call"] = dict(meta["first_call"], priced=True)
-    (out / src.name).with_suffix(".json").write_text(json.dumps(meta))
-    return out / src.name
 
 
 def main() -> int:
@@ -54,8 +42,8 @@ def main() -> int:
             print(f"{name} | not priced | {scores(src, RUNS, Path(tmp))}", flush=True)
             if meta.get("first_call"):
                 ms = meta["first_call"]["ms"]
-                print(f"{name} | {ms:.2f} ms | {scores(priced(src, Path(tmp) / name.replace(' ', '-')), RUNS, Path(tmp))}",
-                      flush=True)
+                priced = variant(src, Path(tmp) / name.replace(" ", "-"), "first_call", priced=True)
+                print(f"{name} | {ms:.2f} ms | {scores(priced, RUNS, Path(tmp))}", flush=True)
     return 0
 
 
