@@ -140,6 +140,7 @@ def run(
     extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
     dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="One constant per-batch host overhead (default: the profile's measured value and, where it has one, its per-sample term).")] = None,
     wake_overhead_us: Annotated[Optional[float], typer.Option(help="One constant extra cost of a batch that wakes an idle serving loop (default: the profile's wake-up curve by idle time, else its constant, else 0).")] = None,
+    power_cap: Annotated[bool, typer.Option(help="Follow the profile's power_cap: a power-capped GPU runs batches slower after a spell of heavy ones (--no-power-cap: every batch at the profile loop's clock).")] = True,
     contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
@@ -181,8 +182,8 @@ def run(
         profile=profile, triton_config=triton_config, instances=instances, seed=seed,
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
-        wake_overhead_us=wake_overhead_us, contention_profiles=tuple(contention_profile), out=out, plot=plot,
-        replicas=replicas, router=router)
+        wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
+        out=out, plot=plot, replicas=replicas, router=router)
     llm = o.llm_options(locals())
     outcome = execute(spec, llm)
     if json_output:

@@ -9,6 +9,7 @@ import numpy as np
 
 from schedsim.errors import InputError
 from schedsim.profile import Profile
+from schedsim.power import PowerCap
 from schedsim.wake import WakeCurve
 
 QUANTILE_POINTS = 2001
@@ -41,8 +42,12 @@ class CostModel:
     - optionally (``extrapolate=True``) linear extrapolation beyond the measured range
       from the last two points, never below the smallest measured latency.
 
-    What it does not include: anything that depends on other batches or on time
-    (queueing, concurrent kernels or streams, clocks and thermals, warm-up and
+    What the driver adds (it follows state across batches): the wake-up of an idle
+    serving loop (``wake_ns``), batches sharing the GPU (``at_concurrency``), and a
+    power-capped GPU's clock (``power_cap``, :mod:`schedsim.power`).
+
+    What it does not include: anything else that depends on other batches or on time
+    (queueing, concurrent kernels or streams, thermals beyond the power cap, warm-up and
     cold-start costs, memory pressure), host work per request (tokenisation,
     (de)serialisation, network), padding cost beyond what seq_len captures, and
     correlation between consecutive batches: draws are independent. It knows nothing of
@@ -56,7 +61,8 @@ class CostModel:
 
     def __init__(self, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
                  dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
-                 wake_overhead_s: float | None = None, dispatch_per_sample_s: float | None = None):
+                 wake_overhead_s: float | None = None, dispatch_per_sample_s: float | None = None,
+                 power_cap: bool = True):
         """Prefer :meth:`from_profile`; the arguments are the same."""
         if spread not in SPREADS:
             raise InputError(f"spread: {spread!r} is not one of {', '.join(SPREADS)}")
@@ -77,6 +83,9 @@ class CostModel:
         self.wake_curve = None if wake_overhead_s is not None else WakeCurve.from_meta(profile.meta, profile.source)
         if wake_overhead_s is None:
             wake_overhead_s = float(profile.meta.get("wake_overhead_us", 0.0)) * 1e-6
+        self.power_cap = PowerCap.from_meta(profile.meta, profile.source) if power_cap else None
+        """The GPU clock's response to recent load (:mod:`schedsim.power`), when the profile measured
+        it; the driver follows it per GPU and scales each batch's time past dispatch."""
         if not (isinstance(wake_overhead_s, (int, float)) and math.isfinite(wake_overhead_s) and wake_overhead_s >= 0):
             raise InputError(f"wake_overhead_s: {wake_overhead_s!r} must be a number >= 0 (seconds)")
         if max_seq_len is not None and (int(max_seq_len) != max_seq_len or max_seq_len < 1):
@@ -120,7 +129,7 @@ class CostModel:
     def from_profile(cls, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
                      dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
                      wake_overhead_s: float | None = None,
-                     dispatch_per_sample_s: float | None = None) -> "CostModel":
+                     dispatch_per_sample_s: float | None = None, power_cap: bool = True) -> "CostModel":
         """Build the model from a profile.
 
         ``spread``: 'empirical' (raw samples), 'fitted' (table percentiles), 'none' (always
@@ -135,11 +144,14 @@ class CostModel:
         ``wake_overhead_s``: extra time of a batch launched on an instance that sat idle
         (the serving loop had to wake up), one constant; None takes the sidecar's
         ``wake_curve`` (extra time by idle time, :mod:`schedsim.wake`) or else its
-        ``wake_overhead_us`` (0 when both are absent).
+        ``wake_overhead_us`` (0 when both are absent). ``power_cap``: follow the sidecar's
+        ``power_cap`` (a power-capped GPU slows after heavy batches, :mod:`schedsim.power`)
+        when it has one; False prices every batch at the profile loop's clock.
         """
         return cls(profile, spread=spread, extrapolate=extrapolate,
                    dispatch_overhead_s=dispatch_overhead_s, max_seq_len=max_seq_len,
-                   wake_overhead_s=wake_overhead_s, dispatch_per_sample_s=dispatch_per_sample_s)
+                   wake_overhead_s=wake_overhead_s, dispatch_per_sample_s=dispatch_per_sample_s,
+                   power_cap=power_cap)
 
     def wake_ns(self, idle_ns: int, u: float = 0.5) -> int:
         """Extra nanoseconds of a launch on an instance idle for ``idle_ns``; ``u`` in [0, 1) is

@@ -40,6 +40,8 @@ class RunSpec:
     """Per-batch host overhead; None = the profile's measured value."""
     wake_overhead_us: float | None = None
     """Extra cost of a batch that wakes an idle serving loop; None = the profile's value (or 0)."""
+    power_cap: bool = True
+    """Follow the profile's ``power_cap`` (the GPU slows after heavy batches), when it has one."""
     contention_profiles: tuple = ()
     """Profiles measured with several instances at once on one GPU; () = the sidecar's list."""
     out: Path | None = None
@@ -161,7 +163,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     cost = CostModel.from_profile(
         load_profile(profile_path), spread=spec.spread, extrapolate=spec.extrapolate,
         dispatch_overhead_s=None if spec.dispatch_overhead_us is None else spec.dispatch_overhead_us / 1e6,
-        wake_overhead_s=None if spec.wake_overhead_us is None else spec.wake_overhead_us / 1e6)
+        wake_overhead_s=None if spec.wake_overhead_us is None else spec.wake_overhead_us / 1e6,
+        power_cap=spec.power_cap)
     contention = contention_models(spec, profile_path, cost) if instances > 1 else {}
     if contention:
         cost.with_contention(contention)
@@ -194,6 +197,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         "wake_overhead_us": None if cost.wake_curve is not None else cost.wake_overhead_s * 1e6,
         "wake_curve": cost.wake_curve.describe() if cost.wake_curve is not None else None,
         "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
+        "power_cap": cost.power_cap.describe() if cost.power_cap is not None else None,
     }
     if spec.replicas > 1:
         summary["config"] |= {"replicas": spec.replicas, "router": spec.router}

@@ -22,6 +22,7 @@ import simpy
 from schedsim.events import COMPLETION, DECISION, Scheduled
 from schedsim.policy import NEVER, Decision, Policy, Requests
 
+from schedsim.power import GpuClock
 from schedsim.results import (checked, COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
                               PolicyError, SimResult)
 
@@ -85,6 +86,9 @@ class _Driver:
         # When each instance last finished a batch: a launch at that same instant is the busy
         # serving loop; any later one first wakes an idle loop and pays the cost's wake overhead.
         self.freed_at = [-1] * instances
+        # One GPU's clock under its power cap, when the profile measured it (schedsim.power).
+        cap = getattr(cost, "power_cap", None)
+        self.gpu_clock = GpuClock(cap) if cap is not None else None
         self.wake_ns = getattr(cost, "wake_ns", None)  # (idle ns, draw) -> extra ns
         if self.wake_ns is None:  # a cost model of the user's own: a constant, or none
             wake_const = int(round(getattr(cost, "wake_overhead_s", 0.0) * 1e9))
@@ -304,9 +308,19 @@ class _Driver:
             self.array_rows.append(rows)
         idle.remove(instance)
         cost = self.cost.at_concurrency(self.busy_after) if self.concurrency_aware else self.cost
-        service_ns = int(round(cost.sample_s(samples, seq_len, self.uniforms) * 1e9))
+        service_s = cost.sample_s(samples, seq_len, self.uniforms)
+        if self.gpu_clock is not None:
+            factor = self.gpu_clock.launch(now, samples)
+            # A batch priced by a contention profile (measured with the GPU shared, under its
+            # own load) already carries the clock of that load: it only moves the state.
+            if cost is self.cost:
+                dispatch_s = cost.dispatch_s(samples)
+                service_s = dispatch_s + (service_s - dispatch_s) * factor
+        service_ns = int(round(service_s * 1e9))
         if self.freed_at[instance] != now:
             service_ns += self.wake_ns(now - self.freed_at[instance], self.wake_draws.random())
+        if self.gpu_clock is not None:
+            self.gpu_clock.ran(now + service_ns)
         self.batches.append((now, now + service_ns, instance, samples, count, first))
         if self.decisions is not None:
             self.decisions.append((now, "launch", instance, tuple(int(r) for r in rows)))

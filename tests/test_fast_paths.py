@@ -43,6 +43,7 @@ class Delegating:
     def __init__(self, model):
         self.model = model
         self.wake_ns, self.wake_is_random = model.wake_ns, model.wake_is_random
+        self.power_cap, self.dispatch_s = model.power_cap, model.dispatch_s
 
     def sample_s(self, samples, seq_len, rng):
         return self.model.sample_s(samples, seq_len, rng)

@@ -202,7 +202,8 @@ def test_mg1_with_the_measured_bert_profile_matches_pollaczek_khinchine():
     from schedsim.cost import CostModel
     from schedsim.profile import load_profile
 
-    cost = CostModel.from_profile(load_profile(PROFILE), spread="empirical", wake_overhead_s=0.0)  # M/G/1: one service law
+    # M/G/1: one service law, so neither wake-ups nor the power cap's clock.
+    cost = CostModel.from_profile(load_profile(PROFILE), spread="empirical", wake_overhead_s=0.0, power_cap=False)
     mean_s = cost.mean_s(1, 128)
     lam = 0.7 / mean_s
     gaps = np.random.default_rng(5).exponential(1.0 / lam, 150_000)

@@ -5,7 +5,8 @@ Input: batches.csv-style files of the live runner's light-load serving loops
 (``calibrate_h200.py``'s ``loop_*_light.csv`` and ``calibrate_loops.py``'s
 ``loops/loop_*.csv``). For every launch triggered by an arrival on an idle instance:
 idle = trigger time - the previous batch's completion, extra = (completion - trigger) -
-the profile's mean latency for its batch size - the dispatch overhead for its batch size. Launches
+the profile's mean latency for its batch size (times the sidecar's ``power_cap`` clock factor at
+launch, as the simulator prices it, when there is one) - the dispatch overhead for its batch size. Launches
 are binned by idle time (log-spaced edges); each bin with at least ``--min-n`` launches
 gives a point: median idle, mean extra and the extra's quantiles (negatives clipped to 0).
 
@@ -61,8 +62,22 @@ def fit_dispatch(launches: pd.DataFrame) -> dict:
                                            for k, r in by_size.iterrows() if r["size"] >= 20}}
 
 
+def clock_factors(b: pd.DataFrame, power_cap) -> np.ndarray:
+    """The power cap's factor at each batch's launch (schedsim.power), the loop's batches replayed
+    in order: the simulator prices a batch at the table's mean times it, so the extra is taken over that."""
+    if power_cap is None:
+        return np.ones(len(b))
+    from schedsim.power import GpuClock
+
+    clock, out = GpuClock(power_cap), []
+    for issue, done, samples in zip(b.issue_s, b.done_s, b.samples):
+        out.append(clock.launch(int(issue * 1e9), int(samples)))
+        clock.ran(int(done * 1e9))
+    return np.asarray(out)
+
+
 def wake_launches(paths, mean_ms: pd.Series, dispatch_us: float, skip_s: float = 0.5,
-                  per_sample_us: float = 0.0) -> pd.DataFrame:
+                  per_sample_us: float = 0.0, power_cap=None) -> pd.DataFrame:
     """One row per arrival-triggered launch on an idle loop: idle_us, extra_us, source."""
     out = []
     for path in paths:
@@ -70,7 +85,8 @@ def wake_launches(paths, mean_ms: pd.Series, dispatch_us: float, skip_s: float =
         b = b[b.status == "ok"].sort_values("batch")
         idle_us = (b.trigger_s - b.done_s.shift(1)) * 1e6
         dispatch = dispatch_us + per_sample_us * (b.samples.to_numpy() - 1)
-        extra_us = ((b.done_s - b.trigger_s) * 1e3 - mean_ms.loc[b.samples].to_numpy()) * 1e3 - dispatch
+        table_ms = mean_ms.loc[b.samples].to_numpy() * clock_factors(b, power_cap)
+        extra_us = ((b.done_s - b.trigger_s) * 1e3 - table_ms) * 1e3 - dispatch
         keep = (b.trigger == "arrival") & (idle_us > 0) & (b.issue_s > skip_s)
         out.append(pd.DataFrame({"idle_us": idle_us[keep], "extra_us": extra_us[keep], "source": Path(path).name}))
     return pd.concat(out, ignore_index=True)
@@ -117,12 +133,18 @@ def main(argv=None) -> int:
         meta["dispatch_overhead_us"] = fit["dispatch_overhead_us"]
         meta["dispatch_overhead_us_per_sample"] = fit["dispatch_overhead_us_per_sample"]
         meta["dispatch_fit"] = fit
+    from schedsim.power import PowerCap
+
+    power_cap = PowerCap.from_meta(meta, str(side))
     launches = wake_launches(args.loops, mean_ms, float(meta.get("dispatch_overhead_us", 0.0)),
-                             per_sample_us=float(meta.get("dispatch_overhead_us_per_sample", 0.0)))
+                             per_sample_us=float(meta.get("dispatch_overhead_us_per_sample", 0.0)),
+                             power_cap=power_cap)
     curve = fit_curve(launches, args.min_n)
     curve["source"] = ("experiments/fidelity/fit_wake_curve.py over " + ", ".join(
         str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in args.loops))
-    curve["what"] = ("extra time of a launch on an idle serving loop over the table's mean and the dispatch "
+    curve["power_cap"] = power_cap is not None
+    curve["what"] = ("extra time of a launch on an idle serving loop over the table's mean (times the power "
+                     "cap's clock factor at launch, when the sidecar has one) and the dispatch "
                      "overhead, by idle time: per log-spaced bin the median idle, the mean extra and its "
                      "quantiles at probs (negatives clipped to 0); linear in log idle between points")
     print(json.dumps(curve, indent=1))

@@ -1,0 +1,116 @@
+"""A power-capped GPU's clock: batches run slower after a spell of heavy work.
+
+The H200 serving bert-base at batch 64 back to back draws its 700 W cap, and the
+driver lowers the SM clock (1980 MHz idle-to-medium, 1860 MHz under batch 64) to stay
+under it (`nvidia-smi`: throttle reason "SW power cap"). A batch of 32 then took 4.4%
+longer on the GPU after batches of 64 than in the profile's mixed loop, and 1.2% less
+after batches of 8 or 16 (experiments/fidelity/diagnose_gpu_load.py). A table measured
+in a mixed loop prices every batch at the mix's clock; near saturation a live server runs
+long spells of large batches at the lower clock, and the queue, which grows with any
+service-time excess, shows it (experiments/fidelity/README.md, session 8).
+
+A profile's sidecar may carry what was measured as ``power_cap``:
+
+    {"batch": [8, 16, 32, 48, 64],         # back-to-back batches of this size ...
+     "factor": [0.990, 0.988, 0.996, 1.017, 1.044],  # ... make a batch this much slower
+                                            #     than in the profile's own loop
+     "tau_rise_ms": 40, "tau_fall_ms": 12}  # how fast the clock follows
+
+:class:`GpuClock` follows one GPU: while a batch of ``b`` samples runs, the factor moves
+toward ``factor(b)`` (interpolated linearly in b, flat beyond the ends) with time
+constant ``tau_rise_ms`` when it rises and ``tau_fall_ms`` when it falls; while the GPU
+is idle it moves toward the smallest factor (the clock is uncapped). A batch's GPU time
+is the table's draw times the factor at its launch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from schedsim.errors import InputError
+
+
+class PowerCap:
+    """The measured steady factors by batch size and the clock's time constants."""
+
+    def __init__(self, batch, factor, *, tau_rise_ms: float, tau_fall_ms: float, source: str = "power_cap"):
+        b, f = list(map(float, batch)), list(map(float, factor))
+        if not b or len(b) != len(f):
+            raise InputError(f"{source}: batch and factor must be non-empty lists of the same length")
+        if any(y <= x for x, y in zip(b, b[1:])) or not all(math.isfinite(v) and v > 0 for v in b):
+            raise InputError(f"{source}: batch must be finite, > 0 and strictly increasing")
+        if not all(math.isfinite(v) and v > 0 for v in f):
+            raise InputError(f"{source}: factor must be finite numbers > 0")
+        for name, v in (("tau_rise_ms", tau_rise_ms), ("tau_fall_ms", tau_fall_ms)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(f"{source}: {name} must be a number > 0, got {v!r}")
+        self.batch, self.factor = b, f
+        self.tau_rise_ns, self.tau_fall_ns = tau_rise_ms * 1e6, tau_fall_ms * 1e6
+        self.idle_factor = min(f)
+
+    @classmethod
+    def from_meta(cls, meta: dict, source: str) -> "PowerCap | None":
+        """The sidecar's ``power_cap``, or None when it has none."""
+        cap = meta.get("power_cap")
+        if cap is None:
+            return None
+        if not isinstance(cap, dict):
+            raise InputError(f"{source}: power_cap must be an object with batch, factor, tau_rise_ms, tau_fall_ms")
+        return cls(cap.get("batch") or [], cap.get("factor") or [], tau_rise_ms=cap.get("tau_rise_ms"),
+                   tau_fall_ms=cap.get("tau_fall_ms"), source=f"{source}: power_cap")
+
+    def steady(self, samples: int) -> float:
+        """The factor back-to-back batches of ``samples`` settle at."""
+        b, f = self.batch, self.factor
+        i = bisect.bisect_left(b, samples)
+        if i == 0:
+            return f[0]
+        if i == len(b):
+            return f[-1]
+        w = (samples - b[i - 1]) / (b[i] - b[i - 1])
+        return f[i - 1] + w * (f[i] - f[i - 1])
+
+    def describe(self) -> dict:
+        return {"batch": self.batch, "factor": self.factor,
+                "tau_rise_ms": self.tau_rise_ns / 1e6, "tau_fall_ms": self.tau_fall_ns / 1e6}
+
+
+class GpuClock:
+    """One GPU's service-time factor over simulated time (nanoseconds)."""
+
+    def __init__(self, cap: PowerCap):
+        self.cap = cap
+        self.factor = cap.idle_factor  # a trace starts on a GPU that was idle
+        self.at_ns = 0
+        self.busy_until = 0       # the GPU runs batches until then ...
+        self.busy_target = 1.0    # ... pulling the factor toward this
+
+    def launch(self, now: int, samples: int) -> float:
+        """The factor for a batch of ``samples`` launched at ``now``; call :meth:`ran` with its end."""
+        self._advance(now)
+        target = self.cap.steady(samples)
+        # Concurrent batches (instances sharing the GPU): the heaviest sets the pull.
+        self.busy_target = max(target, self.busy_target) if self.busy_until > now else target
+        return self.factor
+
+    def ran(self, end_ns: int) -> None:
+        """The batch just launched keeps the GPU busy until ``end_ns``."""
+        self.busy_until = max(self.busy_until, end_ns)
+
+    def _advance(self, now: int) -> None:
+        """Move the factor from ``at_ns`` to ``now``: toward the busy target while busy, then idle."""
+        t = self.at_ns
+        if now <= t:
+            return
+        busy_end = min(self.busy_until, now)
+        if busy_end > t:
+            self._relax(busy_end - t, self.busy_target)
+            t = busy_end
+        if now > t:
+            self._relax(now - t, self.cap.idle_factor)
+        self.at_ns = now
+
+    def _relax(self, dt_ns: float, target: float) -> None:
+        tau = self.cap.tau_rise_ns if target > self.factor else self.cap.tau_fall_ns
+        self.factor = target + (self.factor - target) * math.exp(-dt_ns / tau)
