@@ -25,8 +25,10 @@ from pathlib import Path
 import pandas as pd
 
 
-def pooled(tables: dict[str, pd.DataFrame], exclude_two_instance=()) -> pd.DataFrame:
-    """One row per cell seen in every table's selection: predicted, live runs, median, error."""
+def pooled(tables: dict[str, pd.DataFrame], exclude_two_instance=(), predictions: str | None = None) -> pd.DataFrame:
+    """One row per cell seen in every table's selection: predicted, live runs, median, error.
+    ``predictions``: take the prediction from that table alone (a model newer than the
+    older tables' analyses; the traces are the same in every run)."""
     pred, meas, inst = {}, {}, {}
     for name, t in tables.items():
         t = t.set_index("cell")
@@ -35,6 +37,8 @@ def pooled(tables: dict[str, pd.DataFrame], exclude_two_instance=()) -> pd.DataF
         pred[name], meas[name] = t.p99_predicted, t.p99_measured
         inst.update(t.instances.to_dict())
     pred, meas = pd.DataFrame(pred), pd.DataFrame(meas)
+    if predictions is not None:
+        pred = pred[[predictions]]
     out = pd.DataFrame({"instances": pd.Series(inst), "p99_predicted": pred.median(axis=1),
                         "runs": meas.notna().sum(axis=1), "p99_live_median": meas.median(axis=1),
                         "p99_live_min": meas.min(axis=1), "p99_live_max": meas.max(axis=1)})
@@ -52,13 +56,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="e", help="prediction rows to use (the profile column; e: the default model)")
     ap.add_argument("--exclude-two-instance", default="", help="comma-separated run names (a table's folder)")
     ap.add_argument("--cells", default="", help="comma-separated substrings: summarize only matching cells")
+    ap.add_argument("--predictions", help="take every prediction from this run's table (its folder name): "
+                                           "the older tables were analysed with an older model")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     tables = {}
     for path in args.tables:
         t = pd.read_csv(path)
         tables[path.parent.name] = t[t.profile == args.model]
-    table = pooled(tables, set(filter(None, args.exclude_two_instance.split(","))))
+    table = pooled(tables, set(filter(None, args.exclude_two_instance.split(","))), args.predictions)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.round(3).to_string())
     shown = table

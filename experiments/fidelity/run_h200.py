@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.fidelity.cells import CELLS, capacity_rps, committed_profile_means  # noqa: E402
 from schedsim.errors import InputError  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.host import live_cpu_count, pin_cpu, set_process_cpus  # noqa: E402
+from schedsim.host import live_cpu_count, pin_cpu, probe_cpus, set_process_cpus  # noqa: E402
 from schedsim.live import run_live, write_batches_csv  # noqa: E402
 from schedsim.metrics import summarize  # noqa: E402
 from schedsim.plugins import build_policy  # noqa: E402
@@ -108,6 +108,9 @@ def main(argv=None) -> int:
                     help="CPU check of this script: bert-tiny, fp32, eager, rates x0.02, no profile")
     ap.add_argument("--cpu", default="auto",
                     help="pin to this CPU: a number, auto (the fastest by a short probe) or none")
+    ap.add_argument("--repin", action="store_true",
+                    help="with --cpu auto: probe every CPU again before each cell and run it on the "
+                         "fastest now (a vCPU's speed changes from minute to minute)")
     args = ap.parse_args(argv)
     try:
         # Before torch and CUDA start their threads (they inherit the CPU set). A cell runs on
@@ -181,17 +184,27 @@ def main(argv=None) -> int:
             requests = Requests.from_trace(trace)
             policy = build_policy(cell["policy"], dict(cell["params"]))
             ensure_runners(cell["instances"])
+            cell_cpus = pinning["cpus"][:live_cpu_count(cell["instances"])] if pinning else None
+            host: dict = {}
+            if pinning and args.repin and pinning["how"] == "auto":
+                probe = probe_cpus(pinning["allowed_cpus"], rounds=2, loops=5)
+                cell_cpus = sorted(probe, key=probe.get)[:live_cpu_count(cell["instances"])]
+                host["probe_before_ms"] = {str(c): round(v, 4) for c, v in probe.items()}
             if pinning:
-                set_process_cpus(pinning["cpus"][:live_cpu_count(cell["instances"])])
+                set_process_cpus(cell_cpus)
+                # The cell's own CPUs, just before and after it: did the host change speed?
+                host["loop_ms_before"] = {str(c): round(v, 4) for c, v in probe_cpus(cell_cpus).items()}
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
                                      default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 0.0),
                                      engine_warmup=1, time_limit_s=duration + 20.0)
+            if pinning:
+                host["loop_ms_after"] = {str(c): round(v, 4) for c, v in probe_cpus(cell_cpus).items()}
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke,
                     "cpu_pinning": pinning,
-                    "cpus": pinning["cpus"][:live_cpu_count(cell["instances"])] if pinning else None}
+                    "cpus": cell_cpus, "host": host}
             write_cell(cell_dir, cell, trace, result, extra, args.warmup_s, info)
             s = summarize(result, args.warmup_s)
             done.append(cell["name"])
