@@ -94,6 +94,7 @@ def profile(
     workspace_gib: Annotated[float, typer.Option(help="tensorrt: workspace memory-pool limit, GiB.")] = 4.0,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Exported ONNX files and TensorRT engines (default ~/.cache/schedsim).")] = None,
     dispatch_iters: Annotated[int, typer.Option(help="Batches in the dispatch-overhead loop (0 skips it).")] = 300,
+    power_cap_s: Annotated[float, typer.Option(help="Seconds per phase of the power-cap measurement: how a batch slows after heavy ones on a power-capped GPU (7 phases; 0 skips it; try 2 on a GPU).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
     cpu: Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
@@ -112,7 +113,7 @@ def profile(
         instances=instances, warmup_ms=warmup_ms, min_iters=min_iters, min_time_s=min_time_s,
         max_cell_s=max_cell_s, device=device, provider=provider, tf32=tf32,
         workspace_gib=workspace_gib, cache_dir=str(cache_dir) if cache_dir else None,
-        dispatch_iters=dispatch_iters, seed=seed, cpu=cpu)
+        dispatch_iters=dispatch_iters, power_cap_s=power_cap_s, seed=seed, cpu=cpu)
     try:
         # Bars only on a terminal: piped stderr keeps errors to their one line.
         with (_RichProgress(_err) if _err.is_terminal else contextlib.nullcontext()) as bar:

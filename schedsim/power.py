@@ -13,14 +13,23 @@ A profile's sidecar may carry what was measured as ``power_cap``:
 
     {"batch": [8, 16, 32, 48, 64],         # back-to-back batches of this size ...
      "factor": [0.990, 0.988, 0.996, 1.017, 1.044],  # ... make a batch this much slower
-                                            #     than in the profile's own loop
-     "tau_rise_ms": 40, "tau_fall_ms": 12}  # how fast the clock follows
+                                            #     than in the reference state
+     "tau_rise_ms": 24.5, "tau_fall_ms": 15,  # how fast the clock follows
+     "table": "mix"}                        # the state the table's entries were measured in
+
+``table`` says what the factors are relative to. ``"mix"`` (the default): the table was
+measured in a loop of mixed batch sizes (experiments/default_profile/measure.py interleaves
+them), and that loop's state is factor 1 for every entry. ``"steady"``: each entry was
+measured with batches of its own size back to back (``schedsim profile`` runs cells one
+after another), so the entry for b already carries factor(b), and a batch of b launched
+at factor f takes the table's time times f / factor(b).
 
 :class:`GpuClock` follows one GPU: while a batch of ``b`` samples runs, the factor moves
 toward ``factor(b)`` (interpolated linearly in b, flat beyond the ends) with time
 constant ``tau_rise_ms`` when it rises and ``tau_fall_ms`` when it falls; while the GPU
 is idle it moves toward the smallest factor (the clock is uncapped). A batch's GPU time
-is the table's draw times the factor at its launch.
+is the table's draw times the factor at its launch (over its entry's own factor for a
+``"steady"`` table). :func:`step_tau_ms` fits a time constant from a measured step.
 """
 
 from __future__ import annotations
@@ -28,13 +37,16 @@ from __future__ import annotations
 import bisect
 import math
 
+import numpy as np
+
 from schedsim.errors import InputError
 
 
 class PowerCap:
     """The measured steady factors by batch size and the clock's time constants."""
 
-    def __init__(self, batch, factor, *, tau_rise_ms: float, tau_fall_ms: float, source: str = "power_cap"):
+    def __init__(self, batch, factor, *, tau_rise_ms: float, tau_fall_ms: float, table: str = "mix",
+                 source: str = "power_cap"):
         b, f = list(map(float, batch)), list(map(float, factor))
         if not b or len(b) != len(f):
             raise InputError(f"{source}: batch and factor must be non-empty lists of the same length")
@@ -45,7 +57,9 @@ class PowerCap:
         for name, v in (("tau_rise_ms", tau_rise_ms), ("tau_fall_ms", tau_fall_ms)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"{source}: {name} must be a number > 0, got {v!r}")
-        self.batch, self.factor = b, f
+        if table not in ("mix", "steady"):
+            raise InputError(f"{source}: table must be 'mix' or 'steady', got {table!r}")
+        self.batch, self.factor, self.table = b, f, table
         self.tau_rise_ns, self.tau_fall_ns = tau_rise_ms * 1e6, tau_fall_ms * 1e6
         self.idle_factor = min(f)
 
@@ -58,7 +72,8 @@ class PowerCap:
         if not isinstance(cap, dict):
             raise InputError(f"{source}: power_cap must be an object with batch, factor, tau_rise_ms, tau_fall_ms")
         return cls(cap.get("batch") or [], cap.get("factor") or [], tau_rise_ms=cap.get("tau_rise_ms"),
-                   tau_fall_ms=cap.get("tau_fall_ms"), source=f"{source}: power_cap")
+                   tau_fall_ms=cap.get("tau_fall_ms"), table=cap.get("table", "mix"),
+                   source=f"{source}: power_cap")
 
     def steady(self, samples: int) -> float:
         """The factor back-to-back batches of ``samples`` settle at."""
@@ -71,8 +86,12 @@ class PowerCap:
         w = (samples - b[i - 1]) / (b[i] - b[i - 1])
         return f[i - 1] + w * (f[i] - f[i - 1])
 
+    def table_factor(self, samples: int) -> float:
+        """The factor the table's entry for ``samples`` was measured at (see ``table``)."""
+        return 1.0 if self.table == "mix" else self.steady(samples)
+
     def describe(self) -> dict:
-        return {"batch": self.batch, "factor": self.factor,
+        return {"batch": self.batch, "factor": self.factor, "table": self.table,
                 "tau_rise_ms": self.tau_rise_ns / 1e6, "tau_fall_ms": self.tau_fall_ns / 1e6}
 
 
@@ -87,12 +106,13 @@ class GpuClock:
         self.busy_target = 1.0    # ... pulling the factor toward this
 
     def launch(self, now: int, samples: int) -> float:
-        """The factor for a batch of ``samples`` launched at ``now``; call :meth:`ran` with its end."""
+        """What a batch of ``samples`` launched at ``now`` multiplies the table's time by (the
+        clock's factor over the one its table entry was measured at); call :meth:`ran` with its end."""
         self._advance(now)
         target = self.cap.steady(samples)
         # Concurrent batches (instances sharing the GPU): the heaviest sets the pull.
         self.busy_target = max(target, self.busy_target) if self.busy_until > now else target
-        return self.factor
+        return self.factor / self.cap.table_factor(samples)
 
     def ran(self, end_ns: int) -> None:
         """The batch just launched keeps the GPU busy until ``end_ns``."""
@@ -114,3 +134,16 @@ class GpuClock:
     def _relax(self, dt_ns: float, target: float) -> None:
         tau = self.cap.tau_rise_ns if target > self.factor else self.cap.tau_fall_ns
         self.factor = target + (self.factor - target) * math.exp(-dt_ns / tau)
+
+
+def step_tau_ms(t_ms, ratio, start: float) -> float:
+    """Time constant of a step response, by a grid search of least squares.
+
+    ``ratio``: each batch's time after a change of load over where the times settle (1 once
+    settled), at ``t_ms`` since the change; ``start``: the ratio the previous load left
+    (its steady factor over the new one's). Fits 1 + (start - 1) e^(-t/tau), tau 0.5-200 ms.
+    """
+    t, r = np.asarray(t_ms, dtype=np.float64), np.asarray(ratio, dtype=np.float64)
+    taus = np.arange(0.5, 200.0, 0.5)
+    err = ((r[None, :] - (1 + (start - 1) * np.exp(-t[None, :] / taus[:, None]))) ** 2).sum(axis=1)
+    return float(taus[int(np.argmin(err))])

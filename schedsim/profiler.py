@@ -23,6 +23,7 @@ This module draws no UI: the CLI passes a :class:`Progress` to show a bar per ce
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import sys
@@ -103,6 +104,9 @@ class ProfileSpec:
     """Where exported ONNX files and TensorRT engines are kept."""
     dispatch_iters: int = 300
     """Batches in the dispatch-overhead loop (0 skips it)."""
+    power_cap_s: float = 0.0
+    """Seconds per phase of the power-cap measurement (0 skips it; one instance only):
+    :func:`_power_cap`."""
     seed: int = 0
     """Seed for weights, inputs and the dispatch loop."""
     cpu: str | None = None
@@ -127,6 +131,10 @@ class ProfileSpec:
         for name in ("warmup_ms", "min_time_s"):
             if getattr(self, name) < 0:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 0")
+        if self.power_cap_s < 0:
+            raise InputError(f"--power-cap-s {self.power_cap_s}: must be >= 0")
+        if self.power_cap_s > 0 and self.instances > 1:
+            raise InputError("--power-cap-s: measured with one instance; profile it without --instances")
         if self.max_cell_s is not None and self.max_cell_s <= 0:
             raise InputError(f"--max-cell-s {self.max_cell_s}: must be > 0")
         parse_cpu(self.cpu)
@@ -375,6 +383,7 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
                 progress.cell_done(i, b, s, _stats(results[(b, s)]))
             drift = _drift_check(runners, spec, results, progress)
             dispatch = _dispatch_gaps(runners[0], spec, progress)
+            extras["power_cap"] = _power_cap(runners[0], spec, progress)
         except BaseException as exc:  # noqa: BLE001 - keep the cells, then re-raise
             error = exc
     warnings = [w for r in runners for w in getattr(r, "warnings", [])] + backend.notes
@@ -492,6 +501,74 @@ def _dispatch_gaps(runner, spec: ProfileSpec, progress: Progress) -> np.ndarray 
     return (issue[1:] - done[:-1]) * 1e-3
 
 
+POWER_CAP_MIN_SPREAD = 0.01
+"""Write ``power_cap`` only when the steady factors span more than this (else the clock
+did not move measurably, and its time constants cannot be fitted)."""
+
+
+def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
+    """How a batch's time depends on the load just before it (a power-capped GPU lowers its
+    clock under heavy batches; schedsim.power).
+
+    Phases of ``spec.power_cap_s`` seconds each, at the first seq_len: for five batch sizes
+    from the smallest to the largest, back-to-back batches of that size with every 8th a
+    probe of the middle size; the probe's median time (CUDA-event time where the runner
+    records it) over its median in the probe size's own phase is that size's factor. Then
+    a step from the probe size to the largest and on to the smallest, whose times give the
+    clock's rise and fall time constants. The table was measured cell by cell, so its
+    entries are "steady": each at its own size's factor.
+    """
+    if spec.power_cap_s <= 0:
+        return None
+    from schedsim.power import step_tau_ms
+
+    s = spec.seq_lens[0]
+    sizes = sorted(spec.batch_sizes)
+    probe = sizes[len(sizes) // 2]
+    picks = sorted({sizes[round(q * (len(sizes) - 1))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)} | {probe})
+    progress.note(f"power cap: {len(picks) + 2} phases of {spec.power_cap_s:g} s at seq_len={s}")
+    clock = time.perf_counter_ns
+
+    def run_for(seconds: float, size_of) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Back-to-back batches for ``seconds``: (start ns, size, ms) of each."""
+        t, b, ms = [], [], []
+        end = clock() + int(seconds * 1e9)
+        i = 0
+        while (t0 := clock()) < end:
+            n = size_of(i)
+            runner.infer(n, s)
+            dt = (clock() - t0) / 1e6
+            g = runner.last_gpu_ms
+            t.append(t0), b.append(n), ms.append(g if math.isfinite(g) else dt)
+            i += 1
+        return np.asarray(t), np.asarray(b), np.asarray(ms)
+
+    for n in picks:
+        runner.prepare(n, s)
+    probe_ms = {}
+    for n in picks:
+        _, b, ms = run_for(spec.power_cap_s, lambda i, n=n: probe if i % 8 == 7 else n)
+        probe_ms[n] = float(np.median(ms[b == probe]))
+    factor = {n: probe_ms[n] / probe_ms[probe] for n in picks}
+    lo, hi = picks[0], picks[-1]
+    run_for(min(spec.power_cap_s, 0.5), lambda i: probe)
+
+    def tau(size: int, start: float) -> float:
+        t, _, ms = run_for(spec.power_cap_s, lambda i: size)
+        return step_tau_ms((t - t[0]) / 1e6, ms / np.median(ms[len(ms) // 2:]), start)
+
+    rise = tau(hi, factor[probe] / factor[hi])
+    fall = tau(lo, factor[hi] / factor[lo])
+    measured = {"batch": picks, "factor": [round(factor[n], 4) for n in picks], "table": "steady",
+                "tau_rise_ms": rise, "tau_fall_ms": fall, "probe_batch": probe, "seq_len": s,
+                "phase_s": spec.power_cap_s,
+                "what": "batch time under back-to-back batches of each size (a probe of probe_batch every "
+                        "8th) over its time under back-to-back probe_batch batches; time constants "
+                        "from a step to the largest size and on to the smallest"}
+    spread = max(factor.values()) - min(factor.values())
+    return {"power_cap": measured} if spread > POWER_CAP_MIN_SPREAD else {"power_cap_measured": measured}
+
+
 def _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
            gpu_before, started, command, error, pinning) -> Outcome:
     from schedsim.profile import save_profile
@@ -561,6 +638,8 @@ def _write(spec, out, results, extras, backend, describe, warnings, drift, dispa
                     "next batch's id rows np.stack-ed into the staging buffer in between",
             "n": int(dispatch.size), "p50_us": float(np.median(dispatch)),
             "p99_us": float(np.percentile(dispatch, 99)), "max_us": float(dispatch.max())}
+    # The clock measurement: power_cap when the clock moved, else power_cap_measured (kept, unused).
+    meta.update(extras.get("power_cap") or {})
     if not complete:
         meta["missing_cells"] = [f"{b}x{s}" for b, s in missing]
         if dropped:

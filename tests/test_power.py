@@ -123,3 +123,26 @@ def test_a_malformed_power_cap_in_a_sidecar_is_a_one_line_error(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["config"]["power_cap"] is None
+
+
+def test_a_steady_table_prices_each_entry_at_its_own_state():
+    # Each entry measured at its own steady factor: back-to-back batches of one size cost the
+    # table's time exactly; a light batch right after heavy ones costs more than its entry.
+    steady = cap(table="steady", tau_rise_ms=1e-6, tau_fall_ms=1e-6)
+    clock = GpuClock(steady)
+    assert clock.launch(0, 8) == pytest.approx(1.0)
+    clock.ran(1_000_000)
+    assert clock.launch(1_000_000, 64) == pytest.approx(0.99 / 1.05)   # light state, heavy entry
+    clock.ran(2_000_000)
+    assert clock.launch(2_000_000, 64) == pytest.approx(1.0)
+    clock.ran(3_000_000)
+    assert clock.launch(3_000_000, 8) == pytest.approx(1.05 / 0.99)
+    with pytest.raises(InputError, match="table must be"):
+        cap(table="other")
+
+
+def test_step_tau_recovers_the_time_constant_of_a_clean_step():
+    from schedsim.power import step_tau_ms
+
+    t = np.arange(0.0, 300.0, 2.0)
+    assert step_tau_ms(t, 1 + (0.95 - 1) * np.exp(-t / 30.0), 0.95) == 30.0

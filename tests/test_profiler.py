@@ -275,3 +275,26 @@ def test_no_complete_row_writes_nothing(batch_le_2_onnx, tmp_path):
     with pytest.raises(InputError, match="nothing written"):
         run_profile(_spec(batch_le_2_onnx, batch_sizes=(3, 4)), out)
     assert not out.exists()
+
+
+# -- the power-cap phases ------------------------------------------------------------------
+
+def test_power_cap_phases_write_a_steady_table_measurement(tiny_onnx, tmp_path):
+    out = tmp_path / "pc.csv"
+    outcome = run_profile(_spec(tiny_onnx, batch_sizes=(1, 2, 4, 8), seq_lens=(8,), power_cap_s=0.05), out)
+    assert outcome.complete
+    meta = json.loads(out.with_suffix(".json").read_text())
+    # On a CPU the clock does not move by design; either way the measurement is kept, and
+    # written as power_cap only when the factors spread by more than 1%.
+    cap = meta.get("power_cap") or meta["power_cap_measured"]
+    assert cap["table"] == "steady" and cap["probe_batch"] == 4 and cap["batch"] == [1, 2, 4, 8]
+    assert cap["factor"][cap["batch"].index(4)] == 1.0        # the probe's own phase is the reference
+    assert cap["tau_rise_ms"] > 0 and cap["tau_fall_ms"] > 0
+    assert ("power_cap" in meta) == (max(cap["factor"]) - min(cap["factor"]) > 0.01)
+
+
+def test_power_cap_needs_one_instance_and_a_nonnegative_phase(tiny_onnx, tmp_path):
+    with pytest.raises(InputError, match="--power-cap-s -1"):
+        run_profile(_spec(tiny_onnx, power_cap_s=-1.0), tmp_path / "x.csv")
+    with pytest.raises(InputError, match="one instance"):
+        run_profile(_spec(tiny_onnx, power_cap_s=1.0, instances=2), tmp_path / "x.csv")

@@ -24,21 +24,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from schedsim.power import step_tau_ms  # noqa: E402
+
 PROBE = 32
 SIZES = (8, 16, 32, 48, 64)
 
 
-def step_tau_ms(b: pd.DataFrame, phase: str, size: int, start_factor: float) -> float:
-    """Time constant (ms) of the approach to the phase's settled time, by a grid search."""
+def phase_tau_ms(b: pd.DataFrame, phase: str, size: int, start_factor: float) -> float:
+    """Time constant (ms) of the approach to the phase's settled time (schedsim.power.step_tau_ms)."""
     x = b[(b.phase == phase) & (b.batch == size)]
-    t_ms = (x.t_s.to_numpy() - x.t_s.min()) * 1e3
     y = x.gpu_ms.to_numpy()
     end = float(np.median(y[len(y) // 2:]))
-    r = y / end                      # 1 once settled
-    start = start_factor             # where the previous phase left the GPU, relative to ``end``
-    taus = np.arange(2.0, 200.0, 0.5)
-    err = [float(np.sum((r - (1 + (start - 1) * np.exp(-t_ms / tau))) ** 2)) for tau in taus]
-    return float(taus[int(np.argmin(err))])
+    return step_tau_ms((x.t_s.to_numpy() - x.t_s.min()) * 1e3, y / end, start_factor)
 
 
 def fit(b: pd.DataFrame) -> dict:
@@ -47,9 +47,9 @@ def fit(b: pd.DataFrame) -> dict:
               for s in SIZES]
     f = dict(zip(SIZES, factor))
     # A step from 32s to 64s starts at the 32s' state, relative to where the 64s settle; and back.
-    rise = step_tau_ms(b, "step-64", 64, f[32] / f[64])
-    fall = step_tau_ms(b, "step-8", 8, f[64] / f[8])
-    return {"batch": list(SIZES), "factor": factor, "tau_rise_ms": rise, "tau_fall_ms": fall,
+    rise = phase_tau_ms(b, "step-64", 64, f[32] / f[64])
+    fall = phase_tau_ms(b, "step-8", 8, f[64] / f[8])
+    return {"batch": list(SIZES), "factor": factor, "tau_rise_ms": rise, "tau_fall_ms": fall, "table": "mix",
             "reference": f"batch-{PROBE} probes in the profile's mixed loop (median of "
                          f"{int((b.phase.str.startswith('mix') & (b.batch == PROBE)).sum())})"}
 
