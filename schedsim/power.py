@@ -96,7 +96,10 @@ class PowerCap:
 
 
 class GpuClock:
-    """One GPU's service-time factor over simulated time (nanoseconds)."""
+    """One GPU's service-time factor over simulated time (nanoseconds).
+
+    :meth:`launch` runs once per batch, so it keeps the state in plain attributes and
+    memoises the per-size factors (about 1 µs a batch)."""
 
     def __init__(self, cap: PowerCap):
         self.cap = cap
@@ -104,36 +107,38 @@ class GpuClock:
         self.at_ns = 0
         self.busy_until = 0       # the GPU runs batches until then ...
         self.busy_target = 1.0    # ... pulling the factor toward this
+        self._rise, self._fall = cap.tau_rise_ns, cap.tau_fall_ns
+        self._sizes: dict[int, tuple[float, float]] = {}  # samples -> (steady, table factor)
 
     def launch(self, now: int, samples: int) -> float:
         """What a batch of ``samples`` launched at ``now`` multiplies the table's time by (the
         clock's factor over the one its table entry was measured at); call :meth:`ran` with its end."""
-        self._advance(now)
-        target = self.cap.steady(samples)
+        t = self.at_ns
+        if now > t:
+            # Busy toward the running batches' target until they end, then idle.
+            f = self.factor
+            busy_end = self.busy_until
+            if busy_end > t:
+                if busy_end > now:
+                    busy_end = now
+                target = self.busy_target
+                f = target + (f - target) * math.exp((t - busy_end) / (self._rise if target > f else self._fall))
+                t = busy_end
+            if now > t:
+                idle = self.cap.idle_factor
+                f = idle + (f - idle) * math.exp((t - now) / (self._rise if idle > f else self._fall))
+            self.factor, self.at_ns = f, now
+        sizes = self._sizes.get(samples)
+        if sizes is None:
+            sizes = self._sizes[samples] = (self.cap.steady(samples), self.cap.table_factor(samples))
         # Concurrent batches (instances sharing the GPU): the heaviest sets the pull.
-        self.busy_target = max(target, self.busy_target) if self.busy_until > now else target
-        return self.factor / self.cap.table_factor(samples)
+        self.busy_target = sizes[0] if self.busy_until <= now or sizes[0] > self.busy_target else self.busy_target
+        return self.factor / sizes[1]
 
     def ran(self, end_ns: int) -> None:
         """The batch just launched keeps the GPU busy until ``end_ns``."""
-        self.busy_until = max(self.busy_until, end_ns)
-
-    def _advance(self, now: int) -> None:
-        """Move the factor from ``at_ns`` to ``now``: toward the busy target while busy, then idle."""
-        t = self.at_ns
-        if now <= t:
-            return
-        busy_end = min(self.busy_until, now)
-        if busy_end > t:
-            self._relax(busy_end - t, self.busy_target)
-            t = busy_end
-        if now > t:
-            self._relax(now - t, self.cap.idle_factor)
-        self.at_ns = now
-
-    def _relax(self, dt_ns: float, target: float) -> None:
-        tau = self.cap.tau_rise_ns if target > self.factor else self.cap.tau_fall_ns
-        self.factor = target + (self.factor - target) * math.exp(-dt_ns / tau)
+        if end_ns > self.busy_until:
+            self.busy_until = end_ns
 
 
 def step_tau_ms(t_ms, ratio, start: float) -> float:

@@ -313,7 +313,7 @@ class _Driver:
             factor = self.gpu_clock.launch(now, samples)
             # A batch priced by a contention profile (measured with the GPU shared, under its
             # own load) already carries the clock of that load: it only moves the state.
-            if cost is self.cost:
+            if cost is self.cost and factor != 1.0:
                 dispatch_s = cost.dispatch_s(samples)
                 service_s = dispatch_s + (service_s - dispatch_s) * factor
         service_ns = int(round(service_s * 1e9))
