@@ -259,6 +259,14 @@ def show(
     console.print(table)
     if "dispatch_overhead_us" in prof.meta:
         console.print(f"dispatch overhead: {prof.meta['dispatch_overhead_us']:.1f} us per batch")
+    if prof.meta.get("power_cap"):
+        from schedsim.power import PowerCap
+
+        cap = PowerCap.from_meta(prof.meta, str(path))
+        factors = ", ".join(f"{f:.3f} (b{b:g})" for b, f in zip(cap.batch, cap.factor))
+        console.print(f"power cap ({cap.table} table): after back-to-back batches a batch takes x {factors}; "
+                      f"clock time constants {cap.tau_rise_ns / 1e6:g} ms up, {cap.tau_fall_ns / 1e6:g} ms down",
+                      highlight=False, soft_wrap=True)
     for w in prof.meta.get("warnings", []):
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
     if plot is not None:

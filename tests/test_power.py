@@ -146,3 +146,10 @@ def test_step_tau_recovers_the_time_constant_of_a_clean_step():
 
     t = np.arange(0.0, 300.0, 2.0)
     assert step_tau_ms(t, 1 + (0.95 - 1) * np.exp(-t / 30.0), 0.95) == 30.0
+
+
+def test_profile_show_prints_the_power_cap():
+    r = subprocess.run([sys.executable, "-m", "schedsim.cli", "profile", "show", str(default_profile_path())],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "power cap (mix table): after back-to-back batches a batch takes x 0.990 (b8)" in r.stdout
