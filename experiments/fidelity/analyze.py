@@ -8,7 +8,8 @@ profile measured in the same device call (RUN/profile/samecall.csv), when there 
 with --calibration, (c) a plus the constant wake-up measured by calibrate_h200.py and (d) c
 plus the 2-instance profile for batches that share the GPU; and (e) the default: a plus
 the sidecar's wake-up curve by idle time (fit_wake_curve.py) plus the 2-instance profile;
-(f) e on the same-call table, when there is one.
+(f) e on the same-call table, when there is one; (g) e with the power cap measured on the
+same GPU in the same call (RUN/gpu_load/, diagnose_gpu_load.py), when there is one.
 Writes, into --results (committed): fidelity.csv (one row per cell and profile),
 fidelity.png (predicted vs measured p99, and the p99 errors) and summary.json (the
 issue's targets: p99 error within 3% median and 8% worst for one instance, 10% worst for
@@ -20,6 +21,7 @@ two, throughput within 1%), and prints the table as Markdown for the README.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -197,6 +199,16 @@ def main(argv=None) -> int:
                 if key in committed.meta:
                     fresh.meta[key] = committed.meta[key]
             profiles["f"] = (fresh, None, {2: duo})
+        load_dir = args.run / "gpu_load"
+        if (load_dir / "batches.csv.gz").exists() or (load_dir / "batches.csv").exists():
+            # g: e with the power cap measured on this machine's GPU in the same call, apart from
+            # the cells (diagnose_gpu_load.py, fitted by fit_power_cap.py): GPUs differ in it.
+            from experiments.fidelity.fit_power_cap import fit as fit_power_cap
+
+            batches = load_dir / ("batches.csv.gz" if (load_dir / "batches.csv.gz").exists() else "batches.csv")
+            own = dataclasses.replace(committed, meta=dict(committed.meta, power_cap=fit_power_cap(pd.read_csv(batches))))
+            print(f"model g: this GPU's power cap {own.meta['power_cap']['factor']}", flush=True)
+            profiles["g"] = (own, None, {2: duo})
     rows = []
     for cell_dir in sorted((args.run / "cells").iterdir()):
         if (cell_dir / "summary.json").exists():

@@ -108,6 +108,9 @@ def main(argv=None) -> int:
                     help="CPU check of this script: bert-tiny, fp32, eager, rates x0.02, no profile")
     ap.add_argument("--cpu", default="auto",
                     help="pin to this CPU: a number, auto (the fastest by a short probe) or none")
+    ap.add_argument("--power-cap", action="store_true",
+                    help="first measure this GPU's power cap (diagnose_gpu_load.py, a child process, "
+                         "about 60 s) into OUT/gpu_load: analyze.py's model g")
     ap.add_argument("--repin", action="store_true",
                     help="with --cpu auto: probe every CPU again before each cell and run it on the "
                          "fastest now (a vCPU's speed changes from minute to minute)")
@@ -147,6 +150,14 @@ def main(argv=None) -> int:
                        check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         print(f"profile done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
+    if args.power_cap and not args.smoke and not (out / "gpu_load" / "batches.csv.gz").exists():
+        # In a child process too, with its own runner (see the profile above); it inherits the
+        # CPUs this process is pinned to.
+        subprocess.run([sys.executable, str(ROOT / "experiments/fidelity/diagnose_gpu_load.py"),
+                        "--out", str(out / "gpu_load"), "--cpu", "none"],
+                       check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        subprocess.run(["gzip", "-f", str(out / "gpu_load" / "batches.csv")], check=True)
+        print(f"power cap measured at {time.perf_counter() - t_start:.0f} s", flush=True)
     means = committed_profile_means(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     model = build_encoder(name, device, dtype, seed=0)
     cells = [c for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
