@@ -47,7 +47,10 @@ class PowerCap:
 
     def __init__(self, batch, factor, *, tau_rise_ms: float, tau_fall_ms: float, table: str = "mix",
                  source: str = "power_cap"):
-        b, f = list(map(float, batch)), list(map(float, factor))
+        try:
+            b, f = list(map(float, batch)), list(map(float, factor))
+        except (TypeError, ValueError):
+            raise InputError(f"{source}: batch and factor must be lists of numbers") from None
         if not b or len(b) != len(f):
             raise InputError(f"{source}: batch and factor must be non-empty lists of the same length")
         if any(y <= x for x, y in zip(b, b[1:])) or not all(math.isfinite(v) and v > 0 for v in b):

@@ -530,11 +530,11 @@ def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
     clock = time.perf_counter_ns
 
     def run_for(seconds: float, size_of) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Back-to-back batches for ``seconds``: (start ns, size, ms) of each."""
+        """Back-to-back batches for ``seconds`` (at least 16, so two probes): (start ns, size, ms) of each."""
         t, b, ms = [], [], []
         end = clock() + int(seconds * 1e9)
         i = 0
-        while (t0 := clock()) < end:
+        while (t0 := clock()) < end or i < 16:
             n = size_of(i)
             runner.infer(n, s)
             dt = (clock() - t0) / 1e6

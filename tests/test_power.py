@@ -58,6 +58,7 @@ def test_the_factor_stays_between_the_smallest_and_largest_steady_factor(batches
 
 @pytest.mark.parametrize("kw, what", [
     (dict(batch=[], factor=[]), "non-empty"),
+    (dict(factor=[1.0, "fast"]), "lists of numbers"),
     (dict(batch=[8, 8], factor=[1, 1]), "strictly increasing"),
     (dict(factor=[1.0, 0.0]), "factor must be"),
     (dict(tau_rise_ms=0), "tau_rise_ms"),

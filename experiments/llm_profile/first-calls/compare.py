@@ -12,6 +12,7 @@ scored unpriced and priced on live runs 7, 9, 11 and 12, beside the committed pr
 (measured at 1.12 ms, without the phase).
 
     python experiments/llm_profile/first-calls/compare.py   # ~3 minutes
+    python experiments/llm_profile/first-calls/compare.py --runs run7,run9,run11,run12,run13
 """
 
 from __future__ import annotations
@@ -33,17 +34,22 @@ PROFILES = {"committed (session 6)": ROOT / "profiles" / "llama-1b-bf16-h200-ste
             "fast host": HERE / "llama-1b-bf16-h200-steps-fasthost.csv"}
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=",".join(RUNS), help="live runs to score on (experiments/fidelity-llm/runN)")
+    runs = tuple(ap.parse_args(argv).runs.split(","))
     print("profile | first call | held-out % | live step error p50 eager / graph, median over cells (runs "
-          f"{', '.join(r[3:] for r in RUNS)}) | table median error | against the {len(RUNS)} runs' median: median, within 5%")
+          f"{', '.join(r[3:] for r in runs)}) | table median error | against the {len(runs)} runs' median: median, within 5%")
     with tempfile.TemporaryDirectory() as tmp:
         for name, src in PROFILES.items():
             meta = json.loads(src.with_suffix(".json").read_text())
-            print(f"{name} | not priced | {scores(src, RUNS, Path(tmp))}", flush=True)
+            print(f"{name} | not priced | {scores(src, runs, Path(tmp))}", flush=True)
             if meta.get("first_call"):
                 ms = meta["first_call"]["ms"]
                 priced = variant(src, Path(tmp) / name.replace(" ", "-"), "first_call", priced=True)
-                print(f"{name} | {ms:.2f} ms | {scores(priced, RUNS, Path(tmp))}", flush=True)
+                print(f"{name} | {ms:.2f} ms | {scores(priced, runs, Path(tmp))}", flush=True)
     return 0
 
 
