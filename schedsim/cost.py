@@ -8,8 +8,8 @@ from bisect import bisect_right
 import numpy as np
 
 from schedsim.errors import InputError
-from schedsim.profile import Profile
 from schedsim.power import PowerCap
+from schedsim.profile import Profile
 from schedsim.wake import WakeCurve
 
 QUANTILE_POINTS = 2001

@@ -29,7 +29,8 @@ toward ``factor(b)`` (interpolated linearly in b, flat beyond the ends) with tim
 constant ``tau_rise_ms`` when it rises and ``tau_fall_ms`` when it falls; while the GPU
 is idle it moves toward the smallest factor (the clock is uncapped). A batch's GPU time
 is the table's draw times the factor at its launch (over its entry's own factor for a
-``"steady"`` table). :func:`step_tau_ms` fits a time constant from a measured step.
+``"steady"`` table). :func:`replay` runs the clock over a recorded run's batches;
+:func:`step_tau_ms` fits a time constant from a measured step.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class GpuClock:
     """One GPU's service-time factor over simulated time (nanoseconds).
 
     :meth:`launch` runs once per batch, so it keeps the state in plain attributes and
-    memoises the per-size factors (about 1 µs a batch)."""
+    memoises the per-size factors (about 0.8 µs a batch on benchmarks/bench_run.py)."""
 
     def __init__(self, cap: PowerCap):
         self.cap = cap
@@ -142,6 +143,16 @@ class GpuClock:
         """The batch just launched keeps the GPU busy until ``end_ns``."""
         if end_ns > self.busy_until:
             self.busy_until = end_ns
+
+
+def replay(cap: PowerCap, issue_s, done_s, samples) -> np.ndarray:
+    """The multiplier :meth:`GpuClock.launch` gives each of a recorded run's batches (issue and
+    completion times in seconds, in launch order): the model's clock over a live log."""
+    clock, out = GpuClock(cap), []
+    for issue, done, n in zip(issue_s, done_s, samples):
+        out.append(clock.launch(int(issue * 1e9), int(n)))
+        clock.ran(int(done * 1e9))
+    return np.asarray(out)
 
 
 def step_tau_ms(t_ms, ratio, start: float) -> float:

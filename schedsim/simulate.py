@@ -21,7 +21,6 @@ import simpy
 
 from schedsim.events import COMPLETION, DECISION, Scheduled
 from schedsim.policy import NEVER, Decision, Policy, Requests
-
 from schedsim.power import GpuClock
 from schedsim.results import (checked, COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
                               PolicyError, SimResult)

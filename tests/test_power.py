@@ -14,7 +14,7 @@ from policies import NoBatching, StaticBatching
 from schedsim.cost import CostModel
 from schedsim.errors import InputError
 from schedsim.policy import Requests
-from schedsim.power import GpuClock, PowerCap
+from schedsim.power import GpuClock, PowerCap, replay
 from schedsim.profile import default_profile_path, load_profile
 from schedsim.simulate import simulate
 from schedsim.trace import Trace
@@ -170,13 +170,8 @@ def test_the_clock_predicts_the_live_gpu_slowdown_at_the_same_batch_size():
     profile = load_profile(default_profile_path())
     gpu_ms = profile.table.set_index("batch").gpu_ms_mean
     cap = CostModel.from_profile(profile).power_cap
-    parts = []
-    for _, g in batches.groupby("cell", sort=False):
-        clock, model = GpuClock(cap), []
-        for issue, done, samples in zip(g.issue_s, g.done_s, g.samples):
-            model.append(clock.launch(int(issue * 1e9), int(samples)))
-            clock.ran(int(done * 1e9))
-        parts.append(g.assign(model=model, live=g.gpu_ms / g.samples.map(gpu_ms))[g.issue_s > 0.5])
+    parts = [g.assign(model=replay(cap, g.issue_s, g.done_s, g.samples), live=g.gpu_ms / g.samples.map(gpu_ms))
+             [g.issue_s > 0.5] for _, g in batches.groupby("cell", sort=False)]
     b = pd.concat(parts)
     for lo, hi in ((28, 36), (36, 44), (44, 52)):
         band = b[(b.samples >= lo) & (b.samples < hi)]

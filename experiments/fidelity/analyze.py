@@ -199,13 +199,13 @@ def main(argv=None) -> int:
                 if key in committed.meta:
                     fresh.meta[key] = committed.meta[key]
             profiles["f"] = (fresh, None, {2: duo})
-        load_dir = args.run / "gpu_load"
-        if (load_dir / "batches.csv.gz").exists() or (load_dir / "batches.csv").exists():
+        batches = next((p for p in (args.run / "gpu_load" / f"batches.csv{z}" for z in (".gz", ""))
+                        if p.exists()), None)
+        if batches is not None:
             # g: e with the power cap measured on this machine's GPU in the same call, apart from
             # the cells (diagnose_gpu_load.py, fitted by fit_power_cap.py): GPUs differ in it.
             from experiments.fidelity.fit_power_cap import fit as fit_power_cap
 
-            batches = load_dir / ("batches.csv.gz" if (load_dir / "batches.csv.gz").exists() else "batches.csv")
             own = dataclasses.replace(committed, meta=dict(committed.meta, power_cap=fit_power_cap(pd.read_csv(batches))))
             print(f"model g: this GPU's power cap {own.meta['power_cap']['factor']}", flush=True)
             profiles["g"] = (own, None, {2: duo})

@@ -42,7 +42,8 @@ def phase_tau_ms(b: pd.DataFrame, phase: str, size: int, start_factor: float) ->
 
 
 def fit(b: pd.DataFrame) -> dict:
-    ref = b[b.phase.str.startswith("mix") & (b.batch == PROBE)].gpu_ms.median()
+    mix = b[b.phase.str.startswith("mix") & (b.batch == PROBE)].gpu_ms
+    ref = mix.median()
     factor = [round(float(b[(b.phase == f"steady-{s}") & (b.batch == PROBE)].gpu_ms.median() / ref), 4)
               for s in SIZES]
     f = dict(zip(SIZES, factor))
@@ -50,8 +51,7 @@ def fit(b: pd.DataFrame) -> dict:
     rise = phase_tau_ms(b, "step-64", 64, f[32] / f[64])
     fall = phase_tau_ms(b, "step-8", 8, f[64] / f[8])
     return {"batch": list(SIZES), "factor": factor, "tau_rise_ms": rise, "tau_fall_ms": fall, "table": "mix",
-            "reference": f"batch-{PROBE} probes in the profile's mixed loop (median of "
-                         f"{int((b.phase.str.startswith('mix') & (b.batch == PROBE)).sum())})"}
+            "reference": f"batch-{PROBE} probes in the profile's mixed loop (median of {len(mix)})"}
 
 
 def main(argv=None) -> int:

@@ -63,17 +63,13 @@ def fit_dispatch(launches: pd.DataFrame) -> dict:
 
 
 def clock_factors(b: pd.DataFrame, power_cap) -> np.ndarray:
-    """The power cap's factor at each batch's launch (schedsim.power), the loop's batches replayed
-    in order: the simulator prices a batch at the table's mean times it, so the extra is taken over that."""
+    """The power cap's factor at each batch's launch, the loop's batches replayed in order: the
+    simulator prices a batch at the table's mean times it, so the extra is taken over that."""
     if power_cap is None:
         return np.ones(len(b))
-    from schedsim.power import GpuClock
+    from schedsim.power import replay
 
-    clock, out = GpuClock(power_cap), []
-    for issue, done, samples in zip(b.issue_s, b.done_s, b.samples):
-        out.append(clock.launch(int(issue * 1e9), int(samples)))
-        clock.ran(int(done * 1e9))
-    return np.asarray(out)
+    return replay(power_cap, b.issue_s, b.done_s, b.samples)
 
 
 def wake_launches(paths, mean_ms: pd.Series, dispatch_us: float, skip_s: float = 0.5,

@@ -92,6 +92,11 @@ def write_cell(cell_dir: Path, cell: dict, trace: Trace, result, extra: dict, wa
     (cell_dir / "summary.json").write_text(_json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
 
 
+def _record(probe: dict) -> dict:
+    """A CPU probe (schedsim.host.probe_cpus) as live.json keeps it: loop ms by CPU."""
+    return {str(c): round(v, 4) for c, v in probe.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
@@ -200,18 +205,18 @@ def main(argv=None) -> int:
             if pinning and args.repin and pinning["how"] == "auto":
                 probe = probe_cpus(pinning["allowed_cpus"], rounds=2, loops=5)
                 cell_cpus = sorted(probe, key=probe.get)[:live_cpu_count(cell["instances"])]
-                host["probe_before_ms"] = {str(c): round(v, 4) for c, v in probe.items()}
+                host["probe_before_ms"] = _record(probe)
             if pinning:
                 set_process_cpus(cell_cpus)
                 # The cell's own CPUs, just before and after it: did the host change speed?
-                host["loop_ms_before"] = {str(c): round(v, 4) for c, v in probe_cpus(cell_cpus).items()}
+                host["loop_ms_before"] = _record(probe_cpus(cell_cpus))
             t0 = time.perf_counter()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
                                      default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 0.0),
                                      engine_warmup=1, time_limit_s=duration + 20.0)
             if pinning:
-                host["loop_ms_after"] = {str(c): round(v, 4) for c, v in probe_cpus(cell_cpus).items()}
+                host["loop_ms_after"] = _record(probe_cpus(cell_cpus))
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke,
                     "cpu_pinning": pinning,
