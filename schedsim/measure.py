@@ -204,6 +204,51 @@ def gpu_state() -> list[dict] | None:
     return rows
 
 
+# What a sampler records: nvidia-smi's own wall-clock stamp, then the state that moves a
+# batch's time (clock, power against the cap, temperature, throttle reasons).
+GPU_SAMPLE_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+
+class gpu_sampler:
+    """``nvidia-smi`` every ``interval_ms`` into ``path`` (CSV, no header) while the block runs.
+
+    Does nothing where nvidia-smi is missing. ``self.started`` records the epoch and the
+    local UTC offset at start, so samples (stamped in the device's local time) can be put
+    on the same clock as a run's ``time.time()`` marks.
+    """
+
+    def __init__(self, path, interval_ms: int = 20):
+        self.path, self.interval_ms = path, int(interval_ms)
+        self.proc = None
+        self.started: dict = {}
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            self.started = {"epoch_s": time.time(), "utc_offset": time.strftime("%z"),
+                            "interval_ms": self.interval_ms, "fields": GPU_SAMPLE_FIELDS}
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={GPU_SAMPLE_FIELDS}", "--format=csv,noheader,nounits",
+                 "-lms", str(self.interval_ms)],
+                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+        return self
+
+    def avoid(self, cpus) -> None:
+        """Keep the sampler off ``cpus`` (a run's pinned CPUs), where it would steal host time."""
+        if self.proc and hasattr(os, "sched_setaffinity"):
+            rest = set(range(os.cpu_count() or 1)) - set(cpus)
+            if rest:
+                try:
+                    os.sched_setaffinity(self.proc.pid, rest)
+                except OSError:
+                    pass  # the sampler has exited or the set is not allowed: leave it
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+        return False
+
+
 def _gpu_warnings() -> list[str]:
     """Best-effort signs that the GPU is shared or throttled."""
     warnings = []

@@ -1,8 +1,12 @@
-"""Timing helpers: statistics against numpy, the unstable flag, interleaved sampling."""
+"""Timing helpers: statistics against numpy, the unstable flag, interleaved sampling, the GPU sampler."""
+
+import os
+import time
 
 import numpy as np
 import pytest
 
+from schedsim import measure
 from schedsim.measure import (UNSTABLE_MAX_OVER_MIN, UNSTABLE_STD_OVER_MEAN, interleaved,
                               machine_metadata, summarize)
 
@@ -109,3 +113,35 @@ def test_machine_metadata_never_fails():
     for key in ("hostname", "platform", "python", "numpy", "warnings"):
         assert key in meta
     assert isinstance(meta["warnings"], list)
+
+
+def _fake_smi(tmp_path, monkeypatch):
+    """An ``nvidia-smi`` on PATH that prints one CSV line per -lms period, as the real one does."""
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\nwhile true; do echo '2026/11/30 19:41:41.103, 1980, 3201, 93.25, 44, 0x0'; "
+                    "sleep 0.01; done\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_gpu_sampler_records_while_the_block_runs_and_stops_after(tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch)
+    out = tmp_path / "smi.csv"
+    with measure.gpu_sampler(out, 10) as smi:
+        smi.avoid([0])  # with one CPU there is nowhere else to go: left where it is
+        time.sleep(0.3)
+    assert smi.proc.poll() is not None  # terminated, not left running
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 3 and lines[0].split(", ")[1] == "1980"
+    assert smi.started["interval_ms"] == 10 and smi.started["fields"].startswith("timestamp,")
+    size = out.stat().st_size
+    time.sleep(0.1)
+    assert out.stat().st_size == size
+
+
+def test_gpu_sampler_is_a_no_op_without_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with measure.gpu_sampler(tmp_path / "smi.csv") as smi:
+        smi.avoid([0])
+    assert smi.proc is None and smi.started == {} and not (tmp_path / "smi.csv").exists()

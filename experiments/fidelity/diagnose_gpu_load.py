@@ -25,11 +25,10 @@ run.json}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from schedsim.host import pin_cpu  # noqa: E402
+from schedsim.measure import gpu_sampler  # noqa: E402
 
 SEQ_LEN = 128
 PROBE = 32
-SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
 def main(argv=None) -> int:
@@ -62,16 +61,13 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     device, name, dtype = ("cpu", "bert-tiny", torch.float32) if args.smoke else ("cuda", "bert-base", torch.float16)
     phase_s = 0.3 if args.smoke else args.phase_s
-    smi = None
-    if shutil.which("nvidia-smi") and not args.smoke:
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
-                                "-lms", "20"], stdout=open(args.out / "smi.csv", "w"), stderr=subprocess.DEVNULL)
     rng = np.random.default_rng(0)
     model = build_encoder(name, device, dtype, seed=0)
     rows: list[tuple] = []
     t_zero = time.perf_counter_ns()
-    with TorchEncoderRunner(model, max_batch=64, max_seq_len=SEQ_LEN, cuda_graphs=not args.smoke,
-                            record_gpu_time=True) as runner:
+    with (contextlib.nullcontext() if args.smoke else gpu_sampler(args.out / "smi.csv", 20)), \
+            TorchEncoderRunner(model, max_batch=64, max_seq_len=SEQ_LEN, cuda_graphs=not args.smoke,
+                               record_gpu_time=True) as runner:
         runner.host_input(64, SEQ_LEN)[:] = rng.integers(1000, model.cfg.vocab, size=(64, SEQ_LEN))
         for b in range(1, 65):
             runner.prepare(b, SEQ_LEN)
@@ -104,9 +100,6 @@ def main(argv=None) -> int:
         time.sleep(1.0)
         for_s(phase_s / 2, "after-idle", lambda i: PROBE)
         for_s(phase_s, "mix-again", mix)
-    if smi:
-        smi.terminate()
-        smi.wait()
     with open(args.out / "batches.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["phase", "batch", "t_s", "host_ms", "gpu_ms"])

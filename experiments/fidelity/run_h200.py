@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--power-cap", action="store_true",
                     help="first measure this GPU's power cap (diagnose_gpu_load.py, a child process, "
                          "about 60 s) into OUT/gpu_load: analyze.py's model g")
+    ap.add_argument("--smi-ms", type=int, default=50,
+                    help="sample nvidia-smi (SM clock, power, temperature) every this many ms during the "
+                         "cells into OUT/smi.csv; each cell's live.json has its wall-clock span; 0: off")
     ap.add_argument("--repin", action="store_true",
                     help="with --cpu auto: probe every CPU again before each cell and run it on the "
                          "fastest now (a vCPU's speed changes from minute to minute)")
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     import torch
 
     from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
-    from schedsim.measure import gpu_state, machine_metadata
+    from schedsim.measure import gpu_sampler, gpu_state, machine_metadata
 
     t_start = time.perf_counter()
     out = args.out
@@ -172,6 +175,7 @@ def main(argv=None) -> int:
     # the process (diagnose_runner_state.py), and the profile was measured with one runner.
     cells.sort(key=lambda c: c["instances"])
     with contextlib.ExitStack() as stack:
+        smi = stack.enter_context(gpu_sampler(out / "smi.csv", args.smi_ms)) if args.smi_ms > 0 else None
         runners: list = []
 
         def ensure_runners(n: int) -> None:
@@ -208,9 +212,11 @@ def main(argv=None) -> int:
                 host["probe_before_ms"] = _record(probe)
             if pinning:
                 set_process_cpus(cell_cpus)
+                if smi:
+                    smi.avoid(cell_cpus)
                 # The cell's own CPUs, just before and after it: did the host change speed?
                 host["loop_ms_before"] = _record(probe_cpus(cell_cpus))
-            t0 = time.perf_counter()
+            t0, wall_start = time.perf_counter(), time.time()
             result, extra = run_live(requests, policy, lambda i: contextlib.nullcontext(runners[i]),
                                      instances=cell["instances"], warmup_s=args.warmup_s,
                                      default_seq_len=SEQ_LEN, spin_us=cell.get("spin_us", 0.0),
@@ -220,7 +226,7 @@ def main(argv=None) -> int:
             info = {"rate_rps": rate, "duration_s": duration, "wall_s": time.perf_counter() - t0,
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "smoke": args.smoke,
                     "cpu_pinning": pinning,
-                    "cpus": cell_cpus, "host": host}
+                    "cpus": cell_cpus, "host": host, "wall_epoch_s": [wall_start, time.time()]}
             write_cell(cell_dir, cell, trace, result, extra, args.warmup_s, info)
             s = summarize(result, args.warmup_s)
             done.append(cell["name"])
@@ -232,7 +238,7 @@ def main(argv=None) -> int:
     (out / "run_info.json").write_text(json.dumps(json_safe({
         "cells_done": done, "cells_skipped_budget": skipped, "wall_s": time.perf_counter() - t_start,
         "duration_s": args.duration_s, "warmup_s": args.warmup_s, "cpu_pinning": pinning,
-        "machine": meta}), indent=2, default=str))
+        "smi": smi.started if smi else None, "machine": meta}), indent=2, default=str))
     print(f"done {len(done)} cells, skipped {len(skipped)} for the budget, {time.perf_counter() - t_start:.0f} s")
     return 0
 
