@@ -96,6 +96,9 @@ def test_pooled_compares_the_prediction_with_the_median_of_the_live_runs():
     assert out.loc["x", "runs"] == 3 and out.loc["x", "p99_live_median"] == 2.2
     assert out.loc["x", "p99_err_pct"] == pytest.approx((2.0 / 2.2 - 1) * 100)
     assert out.loc["x", "within_live_range"]
+    # Leave one out: 1.0 against 2.35 (-57.4%), 2.5 against 1.6 (+56.25%), 2.2 against 1.75 (+25.7%).
+    assert out.loc["x", "live_loo_median_pct"] == pytest.approx(56.25)
+    assert out.loc["x", "live_loo_worst_pct"] == pytest.approx((1 - 1.0 / 2.35) * 100)
     # Run b's two-instance cell is left out: the median of 4 and 5.
     assert out.loc["y-2inst", "runs"] == 2 and out.loc["y-2inst", "p99_live_median"] == 4.5
     assert not out.loc["y-2inst", "within_live_range"]

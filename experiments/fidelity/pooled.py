@@ -8,7 +8,7 @@ measurement. Each input is an analysis table (``results*/fidelity.csv``) of one 
 cells of tables whose two-instance runs were not a measurement (their threads shared too
 few CPUs). Prints, per cell: the prediction (median over tables: the same trace and seeds
 give nearly the same figure), the live p99s, their median, range and the error against the
-median; then the medians and worst cases by instances; writes the table with --out.
+median, and how well one live run predicts the others (leave one out); then the medians and worst cases by instances; writes the table with --out.
 
     python experiments/fidelity/pooled.py experiments/fidelity/results-run4/fidelity.csv \\
         experiments/fidelity/results/fidelity.csv experiments/fidelity/results-run6-pinned/fidelity.csv \\
@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 
@@ -44,10 +45,22 @@ def pooled(tables: dict[str, pd.DataFrame], exclude_two_instance=(), predictions
                         "p99_live_min": meas.min(axis=1), "p99_live_max": meas.max(axis=1)})
     out["p99_err_pct"] = (out.p99_predicted / out.p99_live_median - 1) * 100
     out["within_live_range"] = (out.p99_predicted >= out.p99_live_min) & (out.p99_predicted <= out.p99_live_max)
+    # The live system as its own predictor: each run against the median of the others. A
+    # model cannot be held to a tighter error than the measurement repeats to.
+    out["live_loo_median_pct"], out["live_loo_worst_pct"] = zip(*(leave_one_out(row.dropna().to_numpy())
+                                                                  for _, row in meas.iterrows()))
     for name in meas:
         out[f"p99_{name}"] = meas[name]
     out.index.name = "cell"
     return out[out.runs >= 2].sort_index()
+
+
+def leave_one_out(p99s) -> tuple[float, float]:
+    """Median and largest |run / median of the other runs - 1|, in percent (NaN under 2 runs)."""
+    if len(p99s) < 2:
+        return float("nan"), float("nan")
+    errs = [abs(p99s[i] / np.median(np.delete(p99s, i)) - 1) * 100 for i in range(len(p99s))]
+    return float(np.median(errs)), float(max(errs))
 
 
 def main(argv=None) -> int:
@@ -75,6 +88,8 @@ def main(argv=None) -> int:
         print(f"{n} instance(s), {len(t)} cells: p99 error against the live median: median {e.median():.1f}%, "
               f"worst {e.max():.1f}% ({e.idxmax()}); within 3%: {(e <= 3).sum()}, within 8%: {(e <= 8).sum()}; "
               f"prediction inside the live range: {int(t.within_live_range.sum())}")
+        print(f"   one live run against the median of the others (the same cells): median over cells "
+              f"{t.live_loo_median_pct.median():.1f}%, worst {t.live_loo_worst_pct.max():.1f}%")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out)
