@@ -7,7 +7,8 @@ same each time, so the median over runs is a steadier measurement. This is what
 ``schedsim validate --sim SIM --live A --live B --live C`` reports for one cell; here for
 every cell of the given analyses (``analyze.py --results DIR``; the first one's ``sim/``
 is the prediction). Writes one row per cell and metric: predicted, the runs' values,
-their median, the error against it and whether the prediction lies in the runs' range.
+their median, the error against it, whether the prediction lies in the runs' range, and
+how well one run predicts the others (leave one out: the live system as its own predictor).
 
     python experiments/fidelity-llm/pooled.py experiments/fidelity-llm/results \\
         experiments/fidelity-llm/results-run9 experiments/fidelity-llm/results-run11 \\
@@ -21,11 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.fidelity.pooled import leave_one_out  # noqa: E402
 from schedsim.llm.validate import TARGETS_PCT, validate_llm_dirs  # noqa: E402
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
@@ -48,6 +51,8 @@ def pooled(results: list[Path]) -> pd.DataFrame:
                              "live_median": row["measured"], "err_pct": row["err_pct"],
                              "live_min": row["measured_range"][0], "live_max": row["measured_range"][1],
                              "in_live_range": row["predicted_in_measured_range"],
+                             **dict(zip(("live_loo_median_pct", "live_loo_worst_pct"),
+                                        leave_one_out(np.asarray(row["measured_runs"], dtype=float)))),
                              **{f"live_{r.name}": v for r, v in zip(runs, row["measured_runs"])}})
     return pd.DataFrame(rows)
 
@@ -72,6 +77,8 @@ def main(argv=None) -> int:
     for m in METRICS:
         t = table[table.metric == m].err_pct.abs()
         print(f"  {m}: median {t.median():.1f}%, within {TARGETS_PCT[m]:.0f}%: {within[m]} of {len(t)}")
+    print(f"one live run against the median of the others: median {table.live_loo_median_pct.median():.1f}%, "
+          f"worst {table.live_loo_worst_pct.max():.0f}%")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out, index=False)
