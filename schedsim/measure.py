@@ -226,10 +226,11 @@ class gpu_sampler:
         if shutil.which("nvidia-smi"):
             self.started = {"epoch_s": time.time(), "utc_offset": time.strftime("%z"),
                             "interval_ms": self.interval_ms, "fields": GPU_SAMPLE_FIELDS}
-            self.proc = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={GPU_SAMPLE_FIELDS}", "--format=csv,noheader,nounits",
-                 "-lms", str(self.interval_ms)],
-                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+            with open(self.path, "w") as out:  # the child keeps its own descriptor
+                self.proc = subprocess.Popen(
+                    ["nvidia-smi", f"--query-gpu={GPU_SAMPLE_FIELDS}", "--format=csv,noheader,nounits",
+                     "-lms", str(self.interval_ms)],
+                    stdout=out, stderr=subprocess.DEVNULL)
         return self
 
     def avoid(self, cpus) -> None:

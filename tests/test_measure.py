@@ -129,7 +129,7 @@ def test_gpu_sampler_records_while_the_block_runs_and_stops_after(tmp_path, monk
     _fake_smi(tmp_path, monkeypatch)
     out = tmp_path / "smi.csv"
     with measure.gpu_sampler(out, 10) as smi:
-        smi.avoid([0])  # with one CPU there is nowhere else to go: left where it is
+        smi.avoid([0])  # moved off CPU 0 where there is another; left where it is where there is not
         time.sleep(0.3)
     assert smi.proc.poll() is not None  # terminated, not left running
     lines = out.read_text().splitlines()

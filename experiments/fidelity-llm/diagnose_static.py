@@ -82,6 +82,11 @@ def batches_live(d: pd.DataFrame) -> list[tuple]:
     return [(d.start_s[i], d.end_s[j], int(d.n_rows[i])) for i, j in zip(first, ends)]
 
 
+def first_difference(sim_b: list[tuple], other: list[tuple], default=None):
+    """Index of the first batch whose row count differs from the simulation's."""
+    return next((k for k, (x, y) in enumerate(zip(sim_b, other)) if x[2] != y[2]), default)
+
+
 def simulate(cell: dict, cells_mod, add_us: float = 0.0):
     from schedsim.llm.metrics import summarize_llm
     from schedsim.llm.simulate import simulate_llm
@@ -161,25 +166,24 @@ def main(argv=None) -> int:
 
     section("5. schedule: steps with a prefill (static: batches), live against the simulation")
     sim_summary, sim_b, arrival = simulate(cell, cells_mod)
+    live_b = {n: batches_live(d) for n, d in steps.items()}
     print(f"sim    {len(sim_b):3d}: {[b[2] for b in sim_b]}")
-    for name, d in steps.items():
-        lb = batches_live(d)
-        div = next((k for k, (x, y) in enumerate(zip(sim_b, lb)) if x[2] != y[2]), None)
-        print(f"{name:6s} {len(lb):3d}: {[b[2] for b in lb]}  first difference: batch {div}")
+    for name, lb in live_b.items():
+        print(f"{name:6s} {len(lb):3d}: {[b[2] for b in lb]}  first difference: batch {first_difference(sim_b, lb)}")
     # The busy stretch before the first difference: where the live lag that moved a request came from.
     stretch = []
     for k in range(len(sim_b)):
         stretch.append(k if k == 0 or sim_b[k][0] - sim_b[k - 1][1] > 1e-3 else stretch[-1])
     cuts = set()
-    for d in steps.values():
-        div = next((k for k, (x, y) in enumerate(zip(sim_b, batches_live(d))) if x[2] != y[2]), None)
+    for lb in live_b.values():
+        div = first_difference(sim_b, lb)
         if div:
             cuts.add((stretch[div - 1], div))
     for k0, div in sorted(cuts):
         print(f"batches {k0}-{div - 1} (the busy stretch before a first difference), in the runs whose batches "
               "are the simulation's to there:")
         for name, d in steps.items():
-            lb = batches_live(d)
+            lb = live_b[name]
             if any(x[2] != y[2] for x, y in zip(sim_b[:div + 1], lb[:div])) or len(lb) <= div:
                 continue
             s = d[(d.start_s >= lb[k0][0]) & (d.start_s < lb[div][0])]
@@ -188,7 +192,6 @@ def main(argv=None) -> int:
     print("batch | sim start-end s, rows | next arrival after sim end (slack ms) | busy since s | flip at lag/busy | "
           + " | ".join(f"{n}: rows, live end - sim end ms" for n in steps))
     busy_from = sim_b[0][0]
-    live_b = {n: batches_live(d) for n, d in steps.items()}
     for k, (s0, s1, rows) in enumerate(sim_b[:args.batches]):
         if k and s0 - sim_b[k - 1][1] > 1e-3:
             busy_from = s0   # the engine was idle before this batch: no lag carries over
@@ -200,18 +203,15 @@ def main(argv=None) -> int:
 
     section("6. sensitivity: the simulation with more host time per step, against the runs' measurements")
     keys = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
-    def first_diff(b):
-        return next((k for k, (x, y) in enumerate(zip(sim_b, b)) if x[2] != y[2]), "-")
-
     print("case       batches 1st diff | " + " ".join(f"{k[:-3]:>9s}" for k in keys) + " | first batches")
     for add in (float(x) for x in args.add_us.split(",")):
         s, b, _ = simulate(cell, cells_mod, add) if add else (sim_summary, sim_b, None)
-        print(f"sim +{add:3.0f} us  {len(b):4d} {first_diff(b):>6} | " + " ".join(f"{s[k]:9.2f}" for k in keys)
+        print(f"sim +{add:3.0f} us  {len(b):4d} {first_difference(sim_b, b, '-'):>6} | " + " ".join(f"{s[k]:9.2f}" for k in keys)
               + f" | {[x[2] for x in b[:12]]}")
-    for name, d in steps.items():
+    for name, lb in live_b.items():
         s = json.loads((HERE / name / "cells" / args.cell / "summary.json").read_text())
-        print(f"live {name:6s} {len(batches_live(d)):4d} {first_diff(batches_live(d)):>6} | " + " ".join(f"{s[k]:9.2f}" for k in keys)
-              + f" | {[x[2] for x in batches_live(d)[:12]]}")
+        print(f"live {name:6s} {len(lb):4d} {first_difference(sim_b, lb, '-'):>6} | " + " ".join(f"{s[k]:9.2f}" for k in keys)
+              + f" | {[x[2] for x in lb[:12]]}")
 
     section("7. other cells of these runs: host us per graph step p50 | graph period/model p50 | TTFT, TPOT p50 error")
     for r in runs:

@@ -70,10 +70,12 @@ def p99_err(trace, cfg, cost, live_p99: float, replications: int) -> float:
     return (float(np.mean(p99)) / live_p99 - 1) * 100
 
 
-def diagnose_cell(cell_dir: Path, profile, duo, smi, window_s: float, replications: int) -> dict | None:
+def diagnose_cell(cell_dir: Path, profile, duo, smi, *, min_load: float, window_s: float,
+                  replications: int) -> dict | None:
     live_info = json.loads((cell_dir / "live.json").read_text())
     cell = live_info["cell"]
-    if cell["instances"] != 1 or cell["policy"] != "dynamic" or cell["cv"] != 1 or cell.get("spin_us"):
+    if cell["instances"] != 1 or cell["policy"] != "dynamic" or cell["cv"] != 1 or cell.get("spin_us") \
+            or cell["load"] < min_load:
         return None
     cfg = json.loads((cell_dir / "summary.json").read_text())["config"]
     b = pd.read_csv(cell_dir / "batches.csv")
@@ -119,10 +121,8 @@ def main(argv=None) -> int:
     for run in args.runs:
         smi = smi_clock(run)
         for cell_dir in sorted((run / "cells").iterdir()):
-            info = json.loads((cell_dir / "live.json").read_text())["cell"]
-            if info["load"] < args.min_load:
-                continue
-            row = diagnose_cell(cell_dir, profile, duo, smi, args.window_s, args.replications)
+            row = diagnose_cell(cell_dir, profile, duo, smi, min_load=args.min_load, window_s=args.window_s,
+                                replications=args.replications)
             if row:
                 rows.append({"run": run.name, **row})
     table = pd.DataFrame(rows)

@@ -8,7 +8,8 @@ measurement. Each input is an analysis table (``results*/fidelity.csv``) of one 
 cells of tables whose two-instance runs were not a measurement (their threads shared too
 few CPUs). Prints, per cell: the prediction (median over tables: the same trace and seeds
 give nearly the same figure), the live p99s, their median, range and the error against the
-median, and how well one live run predicts the others (leave one out); then the medians and worst cases by instances; writes the table with --out.
+median, and how well one live run predicts the others (leave one out); then the medians
+and worst cases by instances; writes the table with --out.
 
     python experiments/fidelity/pooled.py experiments/fidelity/results-run4/fidelity.csv \\
         experiments/fidelity/results/fidelity.csv experiments/fidelity/results-run6-pinned/fidelity.csv \\
