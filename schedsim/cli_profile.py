@@ -95,6 +95,8 @@ def profile(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Exported ONNX files and TensorRT engines (default ~/.cache/schedsim).")] = None,
     dispatch_iters: Annotated[int, typer.Option(help="Batches in the dispatch-overhead loop (0 skips it).")] = 300,
     power_cap_s: Annotated[float, typer.Option(help="Seconds per phase of the power-cap measurement: how a batch slows after heavy ones on a power-capped GPU (7 phases; 0 skips it; try 2 on a GPU).")] = 0.0,
+    pair_s: Annotated[float, typer.Option(help="With --instances 2: seconds per pair of batch sizes in the pair-slowdown grid, how much a batch slows beside the other instance's batch of another size (0 skips it; try 0.3 on a GPU).")] = 0.0,
+    pair_batches: Annotated[Optional[str], typer.Option(help="Batch sizes of the pair grid (default: the powers of two measured, and the largest).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
     cpu: Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
@@ -113,7 +115,8 @@ def profile(
         instances=instances, warmup_ms=warmup_ms, min_iters=min_iters, min_time_s=min_time_s,
         max_cell_s=max_cell_s, device=device, provider=provider, tf32=tf32,
         workspace_gib=workspace_gib, cache_dir=str(cache_dir) if cache_dir else None,
-        dispatch_iters=dispatch_iters, power_cap_s=power_cap_s, seed=seed, cpu=cpu)
+        dispatch_iters=dispatch_iters, power_cap_s=power_cap_s, pair_s=pair_s,
+        pair_batches=parse_sizes(pair_batches, "--pair-batches") if pair_batches else None, seed=seed, cpu=cpu)
     try:
         # Bars only on a terminal: piped stderr keeps errors to their one line.
         with (_RichProgress(_err) if _err.is_terminal else contextlib.nullcontext()) as bar:
@@ -266,6 +269,15 @@ def show(
         factors = ", ".join(f"{f:.3f} (b{b:g})" for b, f in zip(cap.batch, cap.factor))
         console.print(f"power cap ({cap.table} table): after back-to-back batches a batch takes x {factors}; "
                       f"clock time constants {cap.tau_rise_ns / 1e6:g} ms up, {cap.tau_fall_ns / 1e6:g} ms down",
+                      highlight=False, soft_wrap=True)
+    if prof.meta.get("pair_slowdown"):
+        from schedsim.contention import PairSlowdown
+
+        pairs = PairSlowdown.from_meta(prof.meta, str(path))
+        lo, hi = pairs.batch[0], pairs.batch[-1]
+        console.print(f"pair slowdown ({len(pairs.batch)} sizes, {lo}..{hi}): beside the other instance's batch, "
+                      f"b{hi} beside b{lo} takes x {pairs.slowdown(hi, lo):.2f}, b{lo} beside b{hi} x "
+                      f"{pairs.slowdown(lo, hi):.2f}, b{hi} beside b{hi} x {pairs.slowdown(hi, hi):.2f}",
                       highlight=False, soft_wrap=True)
     for w in prof.meta.get("warnings", []):
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)

@@ -7,6 +7,7 @@ from bisect import bisect_right
 
 import numpy as np
 
+from schedsim.contention import PairSlowdown
 from schedsim.errors import InputError
 from schedsim.power import PowerCap
 from schedsim.profile import Profile
@@ -86,6 +87,9 @@ class CostModel:
         self.power_cap = PowerCap.from_meta(profile.meta, profile.source) if power_cap else None
         """The GPU clock's response to recent load (:mod:`schedsim.power`), when the profile measured
         it; the driver follows it per GPU and scales each batch's time past dispatch."""
+        self.pair_slowdown = PairSlowdown.from_meta(profile.meta, profile.source)
+        """How a batch slows beside the other instance's batch by both sizes (two instances,
+        :mod:`schedsim.contention`), when the profile measured it."""
         if not (isinstance(wake_overhead_s, (int, float)) and math.isfinite(wake_overhead_s) and wake_overhead_s >= 0):
             raise InputError(f"wake_overhead_s: {wake_overhead_s!r} must be a number >= 0 (seconds)")
         if max_seq_len is not None and (int(max_seq_len) != max_seq_len or max_seq_len < 1):

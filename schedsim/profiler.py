@@ -107,6 +107,11 @@ class ProfileSpec:
     power_cap_s: float = 0.0
     """Seconds per phase of the power-cap measurement (0 skips it; one instance only):
     :func:`_power_cap`."""
+    pair_s: float = 0.0
+    """Seconds per pair of batch sizes in the pair-slowdown measurement (two instances only;
+    0 skips it): :func:`_pair_slowdown`."""
+    pair_batches: tuple | None = None
+    """Batch sizes of that grid (default: the measured sizes that are powers of two, and the largest)."""
     seed: int = 0
     """Seed for weights, inputs and the dispatch loop."""
     cpu: str | None = None
@@ -135,6 +140,13 @@ class ProfileSpec:
             raise InputError(f"--power-cap-s {self.power_cap_s}: must be >= 0")
         if self.power_cap_s > 0 and self.instances > 1:
             raise InputError("--power-cap-s: measured with one instance; profile it without --instances")
+        if self.pair_s < 0:
+            raise InputError(f"--pair-s {self.pair_s}: must be >= 0")
+        if self.pair_s > 0 and self.instances != 2:
+            raise InputError("--pair-s: measures two instances side by side; profile it with --instances 2")
+        if self.pair_batches is not None and not set(self.pair_batches) <= set(self.batch_sizes):
+            extra = sorted(set(self.pair_batches) - set(self.batch_sizes))
+            raise InputError(f"--pair-batches: {extra} not among --batch-sizes")
         if self.max_cell_s is not None and self.max_cell_s <= 0:
             raise InputError(f"--max-cell-s {self.max_cell_s}: must be > 0")
         parse_cpu(self.cpu)
@@ -384,6 +396,7 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
             drift = _drift_check(runners, spec, results, progress)
             dispatch = _dispatch_gaps(runners[0], spec, progress)
             extras["power_cap"] = _power_cap(runners[0], spec, progress)
+            extras["pair_slowdown"] = _pair_slowdown(runners, spec, progress)
         except BaseException as exc:  # noqa: BLE001 - keep the cells, then re-raise
             error = exc
     warnings = [w for r in runners for w in getattr(r, "warnings", [])] + backend.notes
@@ -569,6 +582,51 @@ def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
     return {"power_cap": measured} if spread > POWER_CAP_MIN_SPREAD else {"power_cap_measured": measured}
 
 
+def pair_sizes(spec: ProfileSpec) -> list[int]:
+    """The batch sizes of the pair-slowdown grid."""
+    if spec.pair_batches:
+        return sorted(set(spec.pair_batches))
+    sizes = sorted(spec.batch_sizes)
+    return sorted({b for b in sizes if b & (b - 1) == 0} | {sizes[0], sizes[-1]})
+
+
+def _pair_slowdown(runners, spec: ProfileSpec, progress: Progress) -> dict | None:
+    """How much a batch slows beside the other instance's batch of another size
+    (:mod:`schedsim.contention`): each size alone on the first runner, then every pair of
+    sizes on both runners at once, back to back, ``spec.pair_s`` seconds each, at the
+    first seq_len. slowdown[i][j] is the median host latency of size i beside size j over
+    its median alone; a pair (i, j) gives both [i][j] and [j][i]."""
+    if spec.pair_s <= 0:
+        return None
+    s = spec.seq_lens[0]
+    sizes = pair_sizes(spec)
+    pairs = [(a, b) for i, a in enumerate(sizes) for b in sizes[i:]]
+    progress.note(f"pair slowdown: {len(sizes)} sizes alone, {len(pairs)} pairs, {spec.pair_s:g} s each, "
+                  f"seq_len={s}")
+    one, two = runners[0], runners[1]
+    for b in sizes:
+        one.prepare(b, s)
+        two.prepare(b, s)
+    common = dict(warmup_s=min(spec.warmup_ms / 1e3, 0.1), min_iters=spec.min_iters,
+                  min_time_s=spec.pair_s, max_time_s=spec.max_cell_s)
+    alone = {b: float(np.median(sample_cell(lambda b=b: one.infer(b, s), **common).latency_ms))
+             for b in sizes}
+    index = {b: k for k, b in enumerate(sizes)}
+    grid = [[math.nan] * len(sizes) for _ in sizes]
+    for a, b in pairs:
+        res = sample_concurrent([lambda: one.infer(a, s), lambda: two.infer(b, s)], **common)
+        lat = np.asarray(res.latency_ms)
+        if a == b:
+            grid[index[a]][index[a]] = float(np.median(lat)) / alone[a]
+        else:
+            grid[index[a]][index[b]] = float(np.median(lat[res.instance == 0])) / alone[a]
+            grid[index[b]][index[a]] = float(np.median(lat[res.instance == 1])) / alone[b]
+    return {"batch": sizes, "slowdown": [[round(v, 4) for v in row] for row in grid], "seq_len": s,
+            "pair_s": spec.pair_s, "alone_ms": [round(alone[b], 4) for b in sizes],
+            "what": "slowdown[i][j]: median host latency of a batch of batch[i] beside back-to-back "
+                    "batches of batch[j] on the other instance, over its median alone"}
+
+
 def _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
            gpu_before, started, command, error, pinning) -> Outcome:
     from schedsim.profile import save_profile
@@ -640,6 +698,8 @@ def _write(spec, out, results, extras, backend, describe, warnings, drift, dispa
             "p99_us": float(np.percentile(dispatch, 99)), "max_us": float(dispatch.max())}
     # The clock measurement: power_cap when the clock moved, else power_cap_measured (kept, unused).
     meta.update(extras.get("power_cap") or {})
+    if extras.get("pair_slowdown"):
+        meta["pair_slowdown"] = extras["pair_slowdown"]
     if not complete:
         meta["missing_cells"] = [f"{b}x{s}" for b, s in missing]
         if dropped:

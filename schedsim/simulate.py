@@ -19,6 +19,7 @@ from bisect import bisect_right
 import numpy as np
 import simpy
 
+from schedsim.contention import SharedGpu
 from schedsim.events import COMPLETION, DECISION, Scheduled
 from schedsim.policy import NEVER, Decision, Policy, Requests
 from schedsim.power import GpuClock
@@ -33,6 +34,13 @@ def simulate(requests: Requests, policy: Policy, cost, *, instances: int = 1, se
 
 
 _WINDOW = 1024   # arrival times converted to Python ints at a time
+
+
+def pair_grid(cost):
+    """The pair-slowdown grid that prices two instances sharing a GPU with ``cost``: its own
+    profile's, else its two-instance contention model's, else None (schedsim.contention)."""
+    pairs = getattr(cost, "pair_slowdown", None)
+    return pairs if pairs is not None else getattr(cost.at_concurrency(2), "pair_slowdown", None)
 
 
 def _draws_one_uniform(cost, concurrency_aware: bool) -> bool:
@@ -63,6 +71,10 @@ class _Driver:
         # A fleet (schedsim/fleet.py) runs several drivers, one per replica, on one shared env.
         self.env = env if env is not None else simpy.Environment()
         self.concurrency_aware = instances > 1 and hasattr(cost, "at_concurrency")
+        # Two instances with a measured pair grid: batches share the GPU as processor sharing,
+        # re-timed whenever the other instance starts or ends one (schedsim.contention).
+        pairs = pair_grid(cost) if instances == 2 and self.concurrency_aware else None
+        self.shared = SharedGpu(pairs) if pairs is not None else None
         self.arrival_ns = requests.arrival_ns
         self.n = n
         # Arrival times of rows [window_first, ...) as Python ints (see _deliver).
@@ -220,6 +232,8 @@ class _Driver:
                 self.busy_after = self.instances - len(self.idle) + len(launches)
             for launch in launches:
                 self._launch(now, launch)
+            if self.shared is not None:
+                self._retime(now)
         wake = decision.wake_at_ns
         timer = wake < NEVER and wake != self.timer_at
         if timer:
@@ -306,13 +320,15 @@ class _Driver:
             count = rows.size
             self.array_rows.append(rows)
         idle.remove(instance)
-        cost = self.cost.at_concurrency(self.busy_after) if self.concurrency_aware else self.cost
+        shared = self.shared
+        cost = self.cost.at_concurrency(self.busy_after) if self.concurrency_aware and shared is None else self.cost
         service_s = cost.sample_s(samples, seq_len, self.uniforms)
         if self.gpu_clock is not None:
             factor = self.gpu_clock.launch(now, samples)
-            # A batch priced by a contention profile (measured with the GPU shared, under its
-            # own load) already carries the clock of that load: it only moves the state.
-            if cost is self.cost and factor != 1.0:
+            # A batch priced by a contention profile or the pair grid (measured with the GPU
+            # shared, under its own load) already carries the clock of that load: it only
+            # moves the state.
+            if cost is self.cost and shared is None and factor != 1.0:
                 dispatch_s = cost.dispatch_s(samples)
                 service_s = dispatch_s + (service_s - dispatch_s) * factor
         service_ns = int(round(service_s * 1e9))
@@ -320,10 +336,33 @@ class _Driver:
             service_ns += self.wake_ns(now - self.freed_at[instance], self.wake_draws.random())
         if self.gpu_clock is not None:
             self.gpu_clock.ran(now + service_ns)
+        if shared is not None:
+            # Its time alone; _retime schedules its end once the decision's launches are known.
+            shared.start(instance, now, service_ns, samples, (rows, len(self.batches)))
+        else:
+            self.launched.append((service_ns, instance, rows))
         self.batches.append((now, now + service_ns, instance, samples, count, first))
         if self.decisions is not None:
             self.decisions.append((now, "launch", instance, tuple(int(r) for r in rows)))
-        self.launched.append((service_ns, instance, rows))
+
+    def _retime(self, now: int) -> None:
+        """Schedule the new end of every running batch whose end moved (see SharedGpu)."""
+        for instance, end, generation in self.shared.retime(now):
+            if self.gpu_clock is not None:
+                self.gpu_clock.ran(end)
+            Scheduled(self.env, end - now, COMPLETION, self._on_shared_completion, (instance, generation))
+
+    def _on_shared_completion(self, event) -> None:
+        instance, generation = event._value
+        if not self.shared.is_current(instance, generation):
+            return  # re-timed since: a later completion event stands for this batch
+        now = event.at
+        rows, index = self.shared.finish(instance, now)
+        start, _, *rest = self.batches[index]
+        self.batches[index] = (start, now, *rest)
+        self._retime(now)  # the other instance's batch now runs alone
+        self.inline_next = (instance, rows, now)
+        self._run_inline()
 
     def _done_ns(self) -> np.ndarray:
         if self.done_ns is None:

@@ -298,3 +298,28 @@ def test_power_cap_needs_one_instance_and_a_nonnegative_phase(tiny_onnx, tmp_pat
         run_profile(_spec(tiny_onnx, power_cap_s=-1.0), tmp_path / "x.csv")
     with pytest.raises(InputError, match="one instance"):
         run_profile(_spec(tiny_onnx, power_cap_s=1.0, instances=2), tmp_path / "x.csv")
+
+
+# -- the pair-slowdown grid (two instances) -------------------------------------------------
+
+def test_pair_slowdown_grid_is_measured_for_every_pair_of_sizes(tiny_onnx, tmp_path):
+    out = tmp_path / "duo.csv"
+    spec = _spec(tiny_onnx, batch_sizes=(1, 2, 3, 4), seq_lens=(8,), instances=2, pair_s=0.02)
+    assert run_profile(spec, out).complete
+    grid = json.loads(out.with_suffix(".json").read_text())["pair_slowdown"]
+    assert grid["batch"] == [1, 2, 4] and grid["seq_len"] == 8       # powers of two and the largest
+    assert np.asarray(grid["slowdown"]).shape == (3, 3) and len(grid["alone_ms"]) == 3
+    assert np.isfinite(grid["slowdown"]).all() and (np.asarray(grid["slowdown"]) > 0).all()
+    # The sidecar's grid is what the simulator reads.
+    assert load_profile(out).meta["pair_slowdown"]["batch"] == [1, 2, 4]
+
+
+def test_pair_slowdown_needs_two_instances_and_measured_sizes(tiny_onnx, tmp_path):
+    with pytest.raises(InputError, match="--instances 2"):
+        run_profile(_spec(tiny_onnx, pair_s=0.1), tmp_path / "x.csv")
+    with pytest.raises(InputError, match=r"--pair-batches: \[5\] not among --batch-sizes"):
+        run_profile(_spec(tiny_onnx, instances=2, pair_s=0.1, pair_batches=(1, 5)), tmp_path / "x.csv")
+    proc = schedsim("profile", "--model", tiny_onnx, "--backend", "onnxruntime", "--out", tmp_path / "y.csv",
+                    "--pair-s", "0.1", *FAST)
+    assert_one_line_error(proc, "--pair-s", "--instances 2")
+    assert not (tmp_path / "y.csv").exists()

@@ -8,6 +8,8 @@ profile measured in the same device call (RUN/profile/samecall.csv), when there 
 with --calibration, (c) a plus the constant wake-up measured by calibrate_h200.py and (d) c
 plus the 2-instance profile for batches that share the GPU; and (e) the default: a plus
 the sidecar's wake-up curve by idle time (fit_wake_curve.py) plus the 2-instance profile;
+(e0) e without the two-instance profile's pair-slowdown grid (each
+batch beside the other instance's priced by the equal-size table at launch, as before);
 (f) e on the same-call table, when there is one; (g) e with the power cap measured on the
 same GPU in the same call (RUN/gpu_load/, diagnose_gpu_load.py), when there is one.
 Writes, into --results (committed): fidelity.csv (one row per cell and profile),
@@ -191,6 +193,11 @@ def main(argv=None) -> int:
     if "wake_curve" in committed.meta:
         duo = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv")
         profiles["e"] = (committed, None, {2: duo})
+        if "pair_slowdown" in duo.meta:
+            # e0: e as it was before the pair grid: a batch launched beside the other instance's
+            # priced by the equal-size two-instance table, at launch (schedsim.contention)
+            flat = dataclasses.replace(duo, meta={k: v for k, v in duo.meta.items() if k != "pair_slowdown"})
+            profiles["e0"] = (committed, None, {2: flat})
         if "b" in profiles:
             # f: e with the table measured on this machine just before the cells; the dispatch
             # overhead, wake curve and 2-instance profile stay the committed (calibrated) ones

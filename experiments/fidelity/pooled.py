@@ -70,14 +70,25 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="e", help="prediction rows to use (the profile column; e: the default model)")
     ap.add_argument("--exclude-two-instance", default="", help="comma-separated run names (a table's folder)")
     ap.add_argument("--cells", default="", help="comma-separated substrings: summarize only matching cells")
-    ap.add_argument("--predictions", help="take every prediction from this run's table (its folder name): "
+    ap.add_argument("--predictions", help="take every prediction from this run's table (its folder name; "
+                                           "a repeat within it is FOLDER~rK): "
                                            "the older tables were analysed with an older model")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     tables = {}
     for path in args.tables:
         t = pd.read_csv(path)
-        tables[path.parent.name] = t[t.profile == args.model]
+        if args.predictions is not None and path.parent.name != args.predictions.split("~")[0]:
+            # Only its live side is used, the same in every model's rows.
+            t = t.drop_duplicates("cell")
+        else:
+            t = t[t.profile == args.model]
+        if t.empty:
+            continue
+        # Repeats within one run (run_h200.py --repeat: NAME~rK) count as runs of their own.
+        base, _, repeat = t.cell.str.partition("~r").iloc[:, [0, 1, 2]].T.to_numpy()
+        for k in sorted(set(repeat)):
+            tables[path.parent.name + (f"~r{k}" if k else "")] = t[repeat == k].assign(cell=base[repeat == k])
     table = pooled(tables, set(filter(None, args.exclude_two_instance.split(","))), args.predictions)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.round(3).to_string())

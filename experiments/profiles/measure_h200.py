@@ -30,7 +30,9 @@ FP32 = dict(warmup_ms=30.0, min_iters=40, min_time_s=0.05, max_cell_s=0.4)
 CONFIGS = [
     ("bert-base-fp16-cg-3seq-h200", "fp16", True, 1, SEQS, FP16),
     ("bert-base-fp16-eager-3seq-h200", "fp16", False, 1, SEQS, FP16),
-    ("bert-base-fp16-cg-2inst-h200", "fp16", True, 2, (128,), FP16),
+    # The pair-slowdown grid (schedsim.contention): 10 sizes alone, 55 pairs, 0.3 s each.
+    ("bert-base-fp16-cg-2inst-h200", "fp16", True, 2, (128,),
+     FP16 | dict(pair_s=0.3, pair_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))),
     ("bert-base-fp32-cg-3seq-h200", "fp32", True, 1, SEQS, FP32),
     ("bert-base-fp32-eager-3seq-h200", "fp32", False, 1, SEQS, FP32),
 ]
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
         model, batches = "builtin:bert-base", ALL
         if args.smoke:
             model, batches, seqs = "builtin:bert-tiny", (1, 2, 3), (16, 32)[:len(seqs)]
-            sampling = dict(warmup_ms=5.0, min_iters=5, min_time_s=0.0, max_cell_s=0.2)
+            sampling = dict(warmup_ms=5.0, min_iters=5, min_time_s=0.0, max_cell_s=0.2,
+                            pair_s=0.05 if k == 2 else 0.0, pair_batches=(1, 3) if k == 2 else None)
             name = name.replace("bert-base", "bert-tiny")
         spec = ProfileSpec(model=model, backend="torch", precision=precision,
                            batch_sizes=batches, seq_lens=seqs, cuda_graphs=graphs,
