@@ -44,7 +44,8 @@ class CostModel:
       from the last two points, never below the smallest measured latency.
 
     What the driver adds (it follows state across batches): the wake-up of an idle
-    serving loop (``wake_ns``), batches sharing the GPU (``at_concurrency``), and a
+    serving loop (``wake_ns``), batches sharing the GPU (``at_concurrency``, or with two
+    instances the ``pair_slowdown`` grid, :mod:`schedsim.contention`), and a
     power-capped GPU's clock (``power_cap``, :mod:`schedsim.power`).
 
     What it does not include: anything else that depends on other batches or on time

@@ -8,6 +8,10 @@ named (``arrivals_needed``). A decision runs inline at the end of an event when 
 other event is due at the same instant; otherwise it is scheduled behind them. A batch
 whose completion is due before every other event (a busy server's next batch), or a
 timer due first, runs without an event: simpy's loop would pop it next anyway.
+
+Two instances with a measured pair grid share the GPU (schedsim.contention.SharedGpu): their
+completions are always events, and a launch or completion re-times the other instance's
+running batch by scheduling a new completion; the one it replaces is popped and ignored.
 """
 
 from __future__ import annotations
