@@ -148,8 +148,8 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
     """
     import csv
 
-    from schedsim.llm.cost import (KV_FEATURE, StepCostModel, load_step_profile, real_kv_tokens, serial_keys,
-                                   step_features)
+    from schedsim.llm.cost import (KV_FEATURE, StepCostModel, gpu_bound_serial_keys, load_step_profile,
+                                   real_kv_tokens, serial_keys, step_features)
     from schedsim.llm.shapes import context_blocks_array, graph_batch_array
 
     steps_csv = Path(steps_csv)
@@ -184,8 +184,10 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
         real_kv = real_kv_tokens(col["decode_rows"], kv, bs)
     # The eager decode attention's serial keys, where the model has them (schedsim.llm.cost).
     serial = None if cost._attention is None else serial_keys(col["decode_rows"], dwidth, cost._attention, bs)
+    bound = None if not cost._gpu_bound else gpu_bound_serial_keys(
+        np.where(graph == 1, 0, col["tokens"]), col["decode_rows"], dwidth, cost._attention, bs)
     feats = step_features(graph, padded, width, col["tokens"], col["prefill_rows"], col["prefill_attention"],
-                          col["prefill_context"], col["decode_rows"], dwidth, real_kv, serial)
+                          col["prefill_context"], col["decode_rows"], dwidth, real_kv, serial, bound)
     pred = sum(c * np.asarray(f, np.float64) for c, f in zip(cost._coef, feats)) + cost.overhead_ns / 1e6
     # A fit with the host time per composition prices the whole engine call (host and GPU),
     # what engine_ms times live; else the forward pass, against its CUDA-event time.

@@ -5,8 +5,8 @@ The committed step model prices an eager step's decode attention at 0.40 µs per
 2,048-token chunks; measured apart, beside an 8,192-token chunk, one serial key cost 1.03 µs
 (experiments/llm_profile/few-decodes/). This prints, per recorded run and cell, the median
 error of the live eager steps (predicted - measured, % of measured) with the committed model,
-then with EXTRA ms per 1,000 serial keys added to the eager steps over the knee
-(EAGER_KNEE_TOKENS) whose decode attention leaves multiprocessors idle (decode rows x KV heads
+then with EXTRA ms per 1,000 serial keys added to the eager steps of more than MIN_TOKENS
+tokens (default the knee, EAGER_KNEE_TOKENS) whose decode attention leaves multiprocessors idle (decode rows x KV heads
 x splits below the multiprocessor count): a what-if on the step prices, not a refit. And the
 Mooncake cell's residuals (measured - predicted) by serial keys.
 
@@ -52,6 +52,8 @@ def under_occupied_serial(steps: pd.DataFrame, att: C.DecodeAttention, block_siz
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extra", type=float, default=0.6, help="ms per 1,000 serial keys added (what-if)")
+    ap.add_argument("--min-tokens", type=int, default=C.EAGER_KNEE_TOKENS,
+                    help="add it to eager steps of more tokens than this (default: the knee)")
     args = ap.parse_args(argv)
     an = _analyze()
     profile = C.load_step_profile(an.PROFILE)
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
             steps = pd.read_csv(log)
             steps = steps[(steps.status == "ok") & steps.gpu_ms.notna()].reset_index(drop=True)
             eager = ~priced["graph"]
-            over = eager & (steps.tokens.to_numpy() > C.EAGER_KNEE_TOKENS)
+            over = eager & (steps.tokens.to_numpy() > args.min_tokens)
             serial = under_occupied_serial(steps, att, bs)
             for extra in (0.0, args.extra):
                 pred = priced["pred"] + over * serial * extra / 1e3

@@ -198,8 +198,13 @@ KV_FEATURE = "decode_real_kv_tokens"
 """The feature a profile with :data:`KV_COLUMN` adds, last."""
 SERIAL_FEATURE = "eager_decode_serial_keys"
 """The feature a profile whose sidecar has :data:`ATTENTION_KEY` adds, before :data:`KV_FEATURE`."""
-ATTENTION_FIELDS = ("kv_heads", "split_ctas", "min_split_blocks", "multiprocessors", "blocks_per_multiprocessor")
-"""The sidecar's :data:`ATTENTION_KEY` object: integers >= 1, the last one optional."""
+ATTENTION_FIELDS = ("kv_heads", "split_ctas", "min_split_blocks", "multiprocessors", "blocks_per_multiprocessor",
+                    "gpu_bound_tokens")
+"""The sidecar's :data:`ATTENTION_KEY` object: integers >= 1, the last two optional."""
+ATTENTION_REQUIRED = ATTENTION_FIELDS[:4]
+GPU_BOUND_SERIAL_FEATURE = "eager_gpu_bound_idle_serial_keys"
+"""The feature a profile whose :data:`ATTENTION_KEY` has ``gpu_bound_tokens`` adds, after
+:data:`SERIAL_FEATURE`: :func:`gpu_bound_serial_keys`."""
 ATTENTION_KEY = "decode_attention"
 """Sidecar object: how the engine launches an eager step's decode attention
 (:class:`DecodeAttention`), which :func:`serial_keys` needs."""
@@ -217,9 +222,12 @@ class ContextExtrapolationWarning(UserWarning):
 
 def features_of(columns, attention: "DecodeAttention | None" = None) -> tuple[str, ...]:
     """The features a profile supports: :data:`FEATURES`, then :data:`SERIAL_FEATURE` when
-    its sidecar describes the decode attention, then :data:`KV_FEATURE` when the table has
+    its sidecar describes the decode attention (and :data:`GPU_BOUND_SERIAL_FEATURE` when
+    that gives ``gpu_bound_tokens``), then :data:`KV_FEATURE` when the table has
     :data:`KV_COLUMN`."""
     serial = (SERIAL_FEATURE,) if attention is not None else ()
+    if attention is not None and attention.gpu_bound_tokens:
+        serial += (GPU_BOUND_SERIAL_FEATURE,)
     return FEATURES + serial + ((KV_FEATURE,) if KV_COLUMN in columns else ())
 
 
@@ -248,6 +256,13 @@ class DecodeAttention:
     and later, in blocks of 4 warps, which makes 4; refitting the committed H200 profile
     with 4 moved its held-out error from 5.42% to 5.33% but the LLM fidelity table's median
     error up (experiments/fidelity-llm/README.md, session 7), so the profiler leaves it out."""
+    gpu_bound_tokens: int = field(default=0, repr=False)   # out of repr: table_digest
+    """Eager steps of more tokens than this are bound by their GPU work, not their launches:
+    their decode attention, when its blocks leave multiprocessors idle, adds its serial keys'
+    time on top (feature :data:`GPU_BOUND_SERIAL_FEATURE`, :func:`gpu_bound_serial_keys`).
+    Optional in the sidecar; 0 (absent) leaves the feature out. On the H200 a chunk alone took
+    7.5 ms at 512 tokens, 8.3 at 1,024, 12.9 at 2,048 and 53 at 8,192: the launches bind up to
+    about 1,024 tokens and the work from 2,048 (experiments/fidelity-llm/README.md, session 10)."""
 
     @classmethod
     def from_meta(cls, meta: dict) -> "DecodeAttention | None":
@@ -265,6 +280,27 @@ class DecodeAttention:
                and width_blocks // (2 * s) >= self.min_split_blocks):
             s *= 2
         return s
+
+
+def gpu_bound_serial_keys(tokens, decodes, decode_width, attention: DecodeAttention, block_size: int):
+    """Feature :data:`GPU_BOUND_SERIAL_FEATURE` of eager steps: their :func:`serial_keys` when
+    the step has more than ``attention.gpu_bound_tokens`` tokens (its GPU work, not its
+    launches, sets its time) and the decode attention's blocks (decode rows x KV heads x
+    segments) are fewer than a wave (multiprocessors x blocks per multiprocessor), so that the
+    keys one block sweeps add their time to the step's; else 0. The serial-keys rate fitted
+    over all eager steps is held down by short chunks, whose launches hide the attention's GPU
+    time; this term adds what the GPU-bound ones pay beyond it. Integers, or int64 arrays."""
+    if not isinstance(decodes, np.ndarray):
+        if not decodes or tokens <= attention.gpu_bound_tokens:
+            return 0
+        s = attention.splits(decodes, decode_width // block_size)
+        if decodes * attention.kv_heads * s >= attention.multiprocessors * attention.blocks_per_multiprocessor:
+            return 0
+        return serial_keys(decodes, decode_width, attention, block_size)
+    out = np.zeros(decodes.shape, dtype=np.int64)
+    for i in np.flatnonzero(decodes * (tokens > attention.gpu_bound_tokens)):
+        out[i] = gpu_bound_serial_keys(int(tokens[i]), int(decodes[i]), int(decode_width[i]), attention, block_size)
+    return out
 
 
 def serial_keys(decodes, decode_width, attention: DecodeAttention, block_size: int):
@@ -285,7 +321,7 @@ def serial_keys(decodes, decode_width, attention: DecodeAttention, block_size: i
 
 
 def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefill_attention,
-                  prefill_context, decode_seqs, decode_width, real_kv=None, serial=None):
+                  prefill_context, decode_seqs, decode_width, real_kv=None, serial=None, gpu_bound_serial=None):
     """The features (:data:`FEATURES`, then :data:`SERIAL_FEATURE` when ``serial`` is given,
     then :data:`KV_FEATURE` when ``real_kv`` is) of steps given their summary.
 
@@ -295,7 +331,7 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
     ``prefill_attention``, ``prefill_context``, ``decode_seqs`` and ``decode_width`` (D)
     describe an eager step; ``real_kv`` is :func:`real_kv_tokens` of the decode rows, of
     either kind of step (module docstring); ``serial`` is :func:`serial_keys` of the decode
-    rows, counted for eager steps only.
+    rows and ``gpu_bound_serial`` :func:`gpu_bound_serial_keys`, counted for eager steps only.
     """
     eager = 1 - graph
     gathered = graph * padded_batch * graph_width
@@ -313,6 +349,8 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
              eager * (tokens > EAGER_KNEE_TOKENS) * (tokens - EAGER_KNEE_TOKENS))
     if serial is not None:
         feats = feats + (eager * serial,)
+    if gpu_bound_serial is not None:
+        feats = feats + (eager * gpu_bound_serial,)
     return feats if real_kv is None else feats + (real_kv,)
 
 
@@ -418,7 +456,10 @@ def feature_matrix(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
     n = len(columns[COMPOSITION[0]])
     summary = profile_summaries(columns, block_size, graph_sizes)
     serial = None if attention is None else serial_keys(summary[7], summary[8], attention, block_size)
-    feats = step_features(*summary[:9], real_kv=summary[9] if len(summary) > 9 else None, serial=serial)
+    bound = None if attention is None or not attention.gpu_bound_tokens else \
+        gpu_bound_serial_keys(summary[3], summary[7], summary[8], attention, block_size)
+    feats = step_features(*summary[:9], real_kv=summary[9] if len(summary) > 9 else None, serial=serial,
+                          gpu_bound_serial=bound)
     return np.column_stack([np.broadcast_to(np.asarray(f, dtype=np.float64), (n,)) for f in feats])
 
 
@@ -681,12 +722,13 @@ def _validate_meta(meta, src: str) -> dict:
         raise InputError(f"{where(src, None, 'swap_gb_per_s')}: {meta['swap_gb_per_s']!r} must be a number > 0 (GB/s)")
     if meta.get(ATTENTION_KEY) is not None:
         v = meta[ATTENTION_KEY]
-        required = ATTENTION_FIELDS[:-1]
+        required = ATTENTION_REQUIRED
         bad = next((k for k in ATTENTION_FIELDS
                     if not (isinstance(v, dict) and (is_int(v.get(k), 1) or (k not in required and k not in v)))), None)
         if bad is not None:
+            optional = " and ".join(k for k in ATTENTION_FIELDS if k not in required)
             raise InputError(f"{where(src, None, ATTENTION_KEY + '.' + bad)}: must be an integer >= 1 "
-                             f"(an object with {', '.join(required)} and optionally {ATTENTION_FIELDS[-1]})")
+                             f"(an object with {', '.join(required)} and optionally {optional})")
     if meta.get(FIRST_CALL_KEY) is not None:
         v = meta[FIRST_CALL_KEY]
         if not (isinstance(v, dict) and is_num(v.get("ms"), False)):
@@ -779,6 +821,8 @@ def table_digest(columns: dict, block_size: int, graph_sizes: tuple[int, ...],
         settings += (attention,)   # its repr leaves blocks_per_multiprocessor out: added when not 1
         if attention.blocks_per_multiprocessor != 1:
             settings += (attention.blocks_per_multiprocessor,)
+        if attention.gpu_bound_tokens:
+            settings += (("gpu_bound_tokens", attention.gpu_bound_tokens),)
     if first_call_ms:
         settings += (("first_call_ms", float(first_call_ms)),)
     h = hashlib.sha256(repr(settings).encode())
@@ -946,6 +990,7 @@ class StepCostModel:
         """Token counts priced so far in this run, :attr:`warm_tokens` included (:meth:`begin_run`)."""
         # The eager decode attention's serial keys, where the fit has the feature.
         self._attention = profile.decode_attention if SERIAL_FEATURE in fit.features else None
+        self._gpu_bound = GPU_BOUND_SERIAL_FEATURE in fit.features
         self._decode_memo: dict[tuple[int, int], float] = {}
 
     @classmethod
@@ -997,7 +1042,8 @@ class StepCostModel:
                 self._beyond(top)
             s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
             serial = serial_keys(nd, dwidth, self._attention, bs) if self._attention else None
-            feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial)
+            bound = gpu_bound_serial_keys(tokens, nd, dwidth, self._attention, bs) if self._gpu_bound else None
+            feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial, gpu_bound_serial=bound)
             x = _combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
             if self.first_call_ns and tokens not in self.seen_tokens:   # (this branch has a prefill)
                 x += self.first_call_ns   # the engine's first step of this token count
@@ -1103,7 +1149,8 @@ class StepCostModel:
             feats = step_features(1, padded, width, 0, 0, 0, 0, 0, 0)
         else:
             serial = serial_keys(n, width, self._attention, self.block_size) if self._attention else None
-            feats = step_features(0, 0, 0, n, 0, 0, 0, n, width, serial=serial)
+            bound = gpu_bound_serial_keys(n, n, width, self._attention, self.block_size) if self._gpu_bound else None
+            feats = step_features(0, 0, 0, n, 0, 0, 0, n, width, serial=serial, gpu_bound_serial=bound)
         t = self._decode_memo[(n, width)] = _combine(self._coef, feats)
         return t
 
