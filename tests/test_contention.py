@@ -183,3 +183,17 @@ def test_profile_show_prints_the_pair_grid():
     assert proc.returncode == 0, proc.stderr
     assert ("pair slowdown (10 sizes, 1..64): beside the other instance's batch, b64 beside b1 takes x 1.11, "
             "b1 beside b64 x 4.49, b64 beside b64 x 1.98") in " ".join(proc.stdout.split())
+
+
+def test_a_one_replica_fleet_shares_the_gpu_as_the_plain_simulation_does():
+    from schedsim.fleet import load_router, simulate_fleet
+
+    req = Requests.from_trace(Trace.from_arrivals(np.sort(np.random.default_rng(4).uniform(0, 0.3, 2500))))
+    make = lambda: DynamicBatcher(max_batch_size=16, max_queue_delay_us=100)  # noqa: E731
+    fleet = simulate_fleet(req, make, model(), replicas=1, router=load_router("jsq"), instances=2, seed=3)
+    alone = simulate(req, make(), model(), instances=2, seed=3)
+    assert np.array_equal(fleet.result.end_ns, alone.end_ns)
+    assert np.array_equal(fleet.result.batch_end_ns, alone.batch_end_ns)
+    # and the sharing is on: without the grid the same run differs
+    flat = simulate(req, make(), model({"batch": [1, 64], "slowdown": [[1.0, 1.0], [1.0, 1.0]]}), instances=2, seed=3)
+    assert not np.array_equal(flat.end_ns, alone.end_ns)
