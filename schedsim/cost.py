@@ -44,8 +44,8 @@ class CostModel:
       from the last two points, never below the smallest measured latency.
 
     What the driver adds (it follows state across batches): the wake-up of an idle
-    serving loop (``wake_ns``), batches sharing the GPU (``at_concurrency``, or with two
-    instances the ``pair_slowdown`` grid, :mod:`schedsim.contention`), and a
+    serving loop (``wake_ns``), batches sharing the GPU (the ``pair_slowdown`` grid,
+    :mod:`schedsim.contention`, or else ``at_concurrency``), and a
     power-capped GPU's clock (``power_cap``, :mod:`schedsim.power`).
 
     What it does not include: anything else that depends on other batches or on time
@@ -89,7 +89,7 @@ class CostModel:
         """The GPU clock's response to recent load (:mod:`schedsim.power`), when the profile measured
         it; the driver follows it per GPU and scales each batch's time past dispatch."""
         self.pair_slowdown = PairSlowdown.from_meta(profile.meta, profile.source)
-        """How a batch slows beside the other instance's batch by both sizes (two instances,
+        """How a batch slows beside another instance's batch by both sizes (instances sharing a GPU,
         :mod:`schedsim.contention`), when the profile measured it."""
         if not (isinstance(wake_overhead_s, (int, float)) and math.isfinite(wake_overhead_s) and wake_overhead_s >= 0):
             raise InputError(f"wake_overhead_s: {wake_overhead_s!r} must be a number >= 0 (seconds)")

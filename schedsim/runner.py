@@ -197,8 +197,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         "wake_overhead_us": None if cost.wake_curve is not None else cost.wake_overhead_s * 1e6,
         "wake_curve": cost.wake_curve.describe() if cost.wake_curve is not None else None,
         "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
-        # Two instances with a measured pair grid share the GPU by both batches' sizes.
-        "pair_slowdown": _pair_source(cost) if instances == 2 else None,
+        # Instances with a measured pair grid share the GPU by the batches' sizes.
+        "pair_slowdown": _pair_source(cost) if instances > 1 else None,
         "power_cap": cost.power_cap.describe() if cost.power_cap is not None else None,
     }
     if spec.replicas > 1:
@@ -239,7 +239,7 @@ def contention_models(spec: RunSpec, profile_path, cost) -> dict:
 
 
 def _pair_source(cost) -> str | None:
-    """The profile whose pair-slowdown grid prices two instances, or None."""
+    """The profile whose pair-slowdown grid prices instances sharing the GPU, or None."""
     from schedsim.simulate import pair_grid
 
     grid = pair_grid(cost)

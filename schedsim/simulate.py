@@ -9,9 +9,9 @@ other event is due at the same instant; otherwise it is scheduled behind them. A
 whose completion is due before every other event (a busy server's next batch), or a
 timer due first, runs without an event: simpy's loop would pop it next anyway.
 
-Two instances with a measured pair grid share the GPU (schedsim.contention.SharedGpu): their
-completions are always events, and a launch or completion re-times the other instance's
-running batch by scheduling a new completion; the one it replaces is popped and ignored.
+Instances with a measured pair grid share the GPU (schedsim.contention.SharedGpu): their
+completions are always events, and a launch or completion re-times the other instances'
+running batches by scheduling new completions; the ones they replace are popped and ignored.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _WINDOW = 1024   # arrival times converted to Python ints at a time
 
 
 def pair_grid(cost):
-    """The pair-slowdown grid that prices two instances sharing a GPU with ``cost``: its own
+    """The pair-slowdown grid that prices instances sharing a GPU with ``cost``: its own
     profile's, else its two-instance contention model's, else None (schedsim.contention)."""
     pairs = getattr(cost, "pair_slowdown", None)
     return pairs if pairs is not None else getattr(cost.at_concurrency(2), "pair_slowdown", None)
@@ -75,9 +75,9 @@ class _Driver:
         # A fleet (schedsim/fleet.py) runs several drivers, one per replica, on one shared env.
         self.env = env if env is not None else simpy.Environment()
         self.concurrency_aware = instances > 1 and hasattr(cost, "at_concurrency")
-        # Two instances with a measured pair grid: batches share the GPU as processor sharing,
-        # re-timed whenever the other instance starts or ends one (schedsim.contention).
-        pairs = pair_grid(cost) if instances == 2 and self.concurrency_aware else None
+        # Instances with a measured pair grid: batches share the GPU as processor sharing,
+        # re-timed whenever another instance starts or ends one (schedsim.contention).
+        pairs = pair_grid(cost) if self.concurrency_aware else None
         self.shared = SharedGpu(pairs) if pairs is not None else None
         self.arrival_ns = requests.arrival_ns
         self.n = n
