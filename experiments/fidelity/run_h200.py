@@ -127,12 +127,14 @@ def main(argv=None) -> int:
         # Before torch and CUDA start their threads (they inherit the CPU set). A cell runs on
         # schedsim live's choice (live_cpu_count: one CPU per instance plus one for the load
         # generator), the fastest first; set_process_cpus moves every thread per cell.
-        pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=live_cpu_count(2))
+        most = max([c["instances"] for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
+                   + [2])
+        pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=live_cpu_count(most))
     except InputError as exc:
         ap.error(str(exc))
     if pinning:
         set_process_cpus(pinning["cpus"][:live_cpu_count(1)])
-        print(f"pinned to CPUs {pinning['cpus'][:live_cpu_count(1)]} (one instance), {pinning['cpus']} (two) "
+        print(f"pinned to CPUs {pinning['cpus'][:live_cpu_count(1)]} (one instance), {pinning['cpus']} (up to {most}) "
               f"({pinning['how']}; loop {pinning['loop_ms']:.3f} ms on {pinning['cpu']})", flush=True)
 
     import torch
