@@ -155,7 +155,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     from schedsim.cost import CostModel
     from schedsim.metrics import combine_replications, summarize
     from schedsim.profile import default_profile_path, load_profile
-    from schedsim.simulate import simulate
+    from schedsim.simulate import pair_grid_model, simulate
 
     inputs = load_inputs(spec, trace)
     trace, requests, policy, instances = inputs.trace, inputs.requests, inputs.policy, inputs.instances
@@ -189,6 +189,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     summary = summaries[0] if len(summaries) == 1 else (
         combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
                                            "utilization": summaries[0]["utilization"]})
+    grid_model = pair_grid_model(cost) if instances > 1 else None
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "spread": cost.spread, "dispatch_overhead_us": cost.dispatch_overhead_s * 1e6,
@@ -198,7 +199,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         "wake_curve": cost.wake_curve.describe() if cost.wake_curve is not None else None,
         "contention_profiles": {k: str(m.profile.path) for k, m in contention.items()},
         # Instances with a measured pair grid share the GPU by the batches' sizes.
-        "pair_slowdown": _pair_source(cost) if instances > 1 else None,
+        "pair_slowdown": str(grid_model.profile.path) if grid_model is not None else None,
         "power_cap": cost.power_cap.describe() if cost.power_cap is not None else None,
     }
     if spec.replicas > 1:
@@ -236,16 +237,6 @@ def contention_models(spec: RunSpec, profile_path, cost) -> dict:
         models[k] = CostModel.from_profile(profile, spread=spec.spread, extrapolate=spec.extrapolate,
                                            wake_overhead_s=0.0)
     return models
-
-
-def _pair_source(cost) -> str | None:
-    """The profile whose pair-slowdown grid prices instances sharing the GPU, or None."""
-    from schedsim.simulate import pair_grid
-
-    grid = pair_grid(cost)
-    if grid is None:
-        return None
-    return str(next(m.profile.path for m in (cost, cost.at_concurrency(2)) if m.pair_slowdown is grid))
 
 
 def _size_flag(policy: str) -> str:

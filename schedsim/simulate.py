@@ -40,11 +40,10 @@ def simulate(requests: Requests, policy: Policy, cost, *, instances: int = 1, se
 _WINDOW = 1024   # arrival times converted to Python ints at a time
 
 
-def pair_grid(cost):
-    """The pair-slowdown grid that prices instances sharing a GPU with ``cost``: its own
-    profile's, else its two-instance contention model's, else None (schedsim.contention)."""
-    pairs = getattr(cost, "pair_slowdown", None)
-    return pairs if pairs is not None else getattr(cost.at_concurrency(2), "pair_slowdown", None)
+def pair_grid_model(cost):
+    """The model whose pair-slowdown grid prices instances sharing a GPU with ``cost``:
+    ``cost`` itself, else its two-instance contention model, else None (schedsim.contention)."""
+    return next((m for m in (cost, cost.at_concurrency(2)) if getattr(m, "pair_slowdown", None) is not None), None)
 
 
 def _draws_one_uniform(cost, concurrency_aware: bool) -> bool:
@@ -77,8 +76,8 @@ class _Driver:
         self.concurrency_aware = instances > 1 and hasattr(cost, "at_concurrency")
         # Instances with a measured pair grid: batches share the GPU as processor sharing,
         # re-timed whenever another instance starts or ends one (schedsim.contention).
-        pairs = pair_grid(cost) if self.concurrency_aware else None
-        self.shared = SharedGpu(pairs) if pairs is not None else None
+        grid_model = pair_grid_model(cost) if self.concurrency_aware else None
+        self.shared = SharedGpu(grid_model.pair_slowdown) if grid_model is not None else None
         self.arrival_ns = requests.arrival_ns
         self.n = n
         # Arrival times of rows [window_first, ...) as Python ints (see _deliver).

@@ -12,28 +12,25 @@ prints the pooled summaries; with --out, keeps each pooled table there.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "llm_profile" / "few-decodes"))
+
+from compare_profiles import variant  # noqa: E402
+
+from schedsim.llm.cost import fit_step_profile, load_step_profile  # noqa: E402
+
 PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "extended": ROOT / "experiments" / "llm_profile" / "few-decodes" / "llama-1b-bf16-h200-steps-run11call.csv"}
-
-
-def variant(src: Path, dest: Path, gpu_bound_tokens: int) -> Path:
-    meta = json.loads(src.with_suffix(".json").read_text())
-    meta.pop("fit", None)   # refitted on load
-    if gpu_bound_tokens:
-        meta["decode_attention"]["gpu_bound_tokens"] = gpu_bound_tokens
-    shutil.copy(src, dest)
-    dest.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    return dest
 
 
 def main(argv=None) -> int:
@@ -48,7 +45,9 @@ def main(argv=None) -> int:
         for name, src in PROFILES.items():
             for tokens in (0, args.gpu_bound_tokens):
                 label = f"{name}-gb{tokens}"
-                profile = variant(src, tmp / f"{label}.csv", tokens)
+                # No stored fit: the model refits with the term's feature when tokens > 0.
+                profile = variant(src, tmp / label / "profile", "decode_attention",
+                                  **({"gpu_bound_tokens": tokens} if tokens else {}))
                 results = [tmp / label / run for run in runs]
                 for run, res in zip(runs, results):
                     subprocess.run([sys.executable, str(HERE / "analyze.py"), "--run", str(HERE / run),
@@ -57,18 +56,14 @@ def main(argv=None) -> int:
                 pooled = tmp / f"pooled-{label}.csv"
                 out = subprocess.run([sys.executable, str(HERE / "pooled.py"), *map(str, results), "--out", str(pooled)],
                                      check=True, capture_output=True, text=True).stdout
-                from schedsim.llm.cost import fit_step_profile, load_step_profile
-
-                import pandas as pd
-
                 fit = fit_step_profile(load_step_profile(profile))
                 steps = pd.concat([pd.read_csv(r / "fidelity_llm.csv") for r in results])
                 moon = steps[steps.cell == "mooncake-prefix"].step_eager_err_p50_pct
                 print(f"== {label}: held-out {fit.mape_pct:.2f}%; live eager steps, median over cells and runs of "
                       f"|median error| {steps.step_eager_err_p50_pct.abs().median():.1f}%; mooncake-prefix's "
                       f"{moon.min():+.1f}..{moon.max():+.1f}%")
-                print("\n".join(line for line in out.splitlines() if line.startswith(("6 runs", "  ", "one live"))
-                                or "runs," in line), flush=True)
+                print("\n".join(line for line in out.splitlines() if "runs," in line
+                                or line.startswith(("  ", "one live"))), flush=True)
                 if args.out:
                     args.out.mkdir(parents=True, exist_ok=True)
                     shutil.copy(pooled, args.out / f"pooled-{'-'.join([runs[0], runs[-1]])}-{label}.csv")

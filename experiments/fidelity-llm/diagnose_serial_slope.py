@@ -16,6 +16,7 @@ Mooncake cell's residuals (measured - predicted) by serial keys.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -39,16 +40,6 @@ def _analyze():
     return module
 
 
-def under_occupied_serial(steps: pd.DataFrame, att: C.DecodeAttention, block_size: int) -> np.ndarray:
-    """Serial keys of each step's decode attention where its blocks leave multiprocessors idle, else 0."""
-    width = np.where(steps.decode_rows > 0, -(-(steps.decode_max_context + 1) // block_size) * block_size, 0)
-    out = np.zeros(len(steps), dtype=np.int64)
-    for i, (n, w) in enumerate(zip(steps.decode_rows.tolist(), width.tolist())):
-        if n > 0 and n * att.kv_heads * att.splits(n, w // block_size) < att.multiprocessors:
-            out[i] = C.serial_keys(n, w, att, block_size)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extra", type=float, default=0.6, help="ms per 1,000 serial keys added (what-if)")
@@ -59,6 +50,8 @@ def main(argv=None) -> int:
     profile = C.load_step_profile(an.PROFILE)
     cost = C.StepCostModel.from_profile(profile)
     att, bs = cost._attention, cost.block_size
+    # The what-if's steps are the ones gpu_bound_serial_keys counts, at --min-tokens.
+    what_if = dataclasses.replace(att, gpu_bound_tokens=args.min_tokens)
     medians = {0.0: [], args.extra: []}
     moon = []
     for run in RUNS:
@@ -71,19 +64,17 @@ def main(argv=None) -> int:
             steps = pd.read_csv(log)
             steps = steps[(steps.status == "ok") & steps.gpu_ms.notna()].reset_index(drop=True)
             eager = ~priced["graph"]
-            over = eager & (steps.tokens.to_numpy() > args.min_tokens)
-            serial = under_occupied_serial(steps, att, bs)
+            rows = steps.decode_rows.to_numpy(np.int64)
+            width = np.where(rows > 0, -(-(steps.decode_max_context.to_numpy(np.int64) + 1) // bs) * bs, 0)
+            bound = eager * C.gpu_bound_serial_keys(steps.tokens.to_numpy(np.int64), rows, width, what_if, bs)
             for extra in (0.0, args.extra):
-                pred = priced["pred"] + over * serial * extra / 1e3
+                pred = priced["pred"] + bound * extra / 1e3
                 err = (pred - priced["meas"]) / priced["meas"] * 100
                 m = float(np.median(err[eager])) if eager.any() else float("nan")
                 line[extra].append(f"{cell.name}:{m:+.1f}")
                 medians[extra].append(abs(m))
             if cell.name == "mooncake-prefix":
-                all_serial = [C.serial_keys(int(n), int(w), att, bs) if n > 0 else 0 for n, w in zip(
-                    steps.decode_rows, np.where(steps.decode_rows > 0,
-                                                -(-(steps.decode_max_context + 1) // bs) * bs, 0))]
-                moon.append(pd.DataFrame({"serial_k": np.asarray(all_serial)[eager] / 1e3,
+                moon.append(pd.DataFrame({"serial_k": C.serial_keys(rows, width, att, bs)[eager] / 1e3,
                                           "resid_ms": (priced["meas"] - priced["pred"])[eager]}))
         for extra in (0.0, args.extra):
             print(f"{run} +{extra:g} ms/1k serial keys: " + " ".join(line[extra]))

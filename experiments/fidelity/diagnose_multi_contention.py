@@ -20,6 +20,7 @@ measured for every batch of three and four instances:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -95,10 +96,9 @@ def main(argv=None) -> int:
     if args.smoke:
         combos = [(8, 1), (8, 1, 1), (1, 1, 1, 1)]
     out = {"alone": {}, "combos": [], "cpu_pinning": pinning, "model": name, "time_s": args.time_s}
-    runners = [TorchEncoderRunner(model, **kw) for _ in range(4)]
-    try:
+    with contextlib.ExitStack() as stack:
+        runners = [stack.enter_context(TorchEncoderRunner(model, **kw)) for _ in range(4)]
         for r in runners:
-            r.__enter__()
             for b in SIZES:
                 r.prepare(b, SEQ_LEN)
         common = dict(warmup_s=0.05, min_iters=20, min_time_s=args.time_s)
@@ -113,9 +113,6 @@ def main(argv=None) -> int:
             sides = [float(np.median(lat[res.instance == i])) for i in range(len(combo))]
             out["combos"].append({"sizes": list(combo), "median_ms": sides})
             print(" ".join(f"{b}:{ms:.3f}({ms / out['alone'][str(b)]:.2f}x)" for b, ms in zip(combo, sides)), flush=True)
-    finally:
-        for r in runners:
-            r.__exit__(None, None, None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     return 0

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         if t.empty:
             continue
         # Repeats within one run (run_h200.py --repeat: NAME~rK) count as runs of their own.
-        base, _, repeat = t.cell.str.partition("~r").iloc[:, [0, 1, 2]].T.to_numpy()
+        base, _, repeat = t.cell.str.partition("~r").T.to_numpy()
         for k in sorted(set(repeat)):
             tables[path.parent.name + (f"~r{k}" if k else "")] = t[repeat == k].assign(cell=base[repeat == k])
     table = pooled(tables, set(filter(None, args.exclude_two_instance.split(","))), args.predictions)

@@ -123,12 +123,12 @@ def main(argv=None) -> int:
                     help="with --cpu auto: probe every CPU again before each cell and run it on the "
                          "fastest now (a vCPU's speed changes from minute to minute)")
     args = ap.parse_args(argv)
+    selected = [c for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
     try:
         # Before torch and CUDA start their threads (they inherit the CPU set). A cell runs on
         # schedsim live's choice (live_cpu_count: one CPU per instance plus one for the load
         # generator), the fastest first; set_process_cpus moves every thread per cell.
-        most = max([c["instances"] for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
-                   + [2])
+        most = max([c["instances"] for c in selected] + [2])
         pinning = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu, count=live_cpu_count(most))
     except InputError as exc:
         ap.error(str(exc))
@@ -170,8 +170,7 @@ def main(argv=None) -> int:
         print(f"power cap measured at {time.perf_counter() - t_start:.0f} s", flush=True)
     means = committed_profile_means(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     model = build_encoder(name, device, dtype, seed=0)
-    cells = [c for c in CELLS if not args.cells or any(s in c["name"] for s in args.cells.split(","))]
-    cells = [c if k == 0 else dict(c, name=f"{c['name']}~r{k + 1}") for k in range(args.repeat) for c in cells]
+    cells = [c if k == 0 else dict(c, name=f"{c['name']}~r{k + 1}") for k in range(args.repeat) for c in selected]
     # One-instance cells first, while the process holds one runner: a second runner's graphs,
     # once made, slow the first runner's small batches by ~45 us on the GPU for the rest of
     # the process (diagnose_runner_state.py), and the profile was measured with one runner.
