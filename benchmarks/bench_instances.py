@@ -1,5 +1,5 @@
 """What two instances cost the simulator: one instance, two with the equal-size contention
-table at launch, and two sharing the GPU by the pair grid (schedsim.contention), on the same
+table at launch, and two sharing the GPU by the pair grid (schedsim.core.contention), on the same
 trace, in one run.
 
 The pair grid re-times the other instance's running batch at every launch and completion,
@@ -27,13 +27,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.cost import CostModel  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
-from schedsim.profile import default_profile_path, load_profile  # noqa: E402
-from schedsim.simulate import simulate  # noqa: E402
-from schedsim.trace import Trace  # noqa: E402
-from schedsim.trace_gen import poisson  # noqa: E402
+from schedsim.cost.model import CostModel  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
+from schedsim.cost.profile import default_profile_path, load_profile  # noqa: E402
+from schedsim.core.simulate import simulate  # noqa: E402
+from schedsim.traces.table import Trace  # noqa: E402
+from schedsim.traces.generate import poisson  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DUO = ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv"

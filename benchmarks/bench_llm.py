@@ -31,12 +31,12 @@ TARGET_X_REAL_TIME = 2000.0
 
 
 def one_cell(rate_scale: float, prefix: bool, repeat: int) -> dict:
-    from schedsim.llm.cost import StepCostModel, load_step_profile
-    from schedsim.llm.runner import default_step_profile_path
-    from schedsim.llm.simulate import simulate_llm
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
-    from schedsim.trace_io import load_trace, scale_rate
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.run.llm_runner import default_step_profile_path
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
+    from schedsim.traces.io import load_trace, scale_rate
 
     trace = load_trace(TRACE)
     if rate_scale != 1.0:
@@ -53,7 +53,7 @@ def one_cell(rate_scale: float, prefix: bool, repeat: int) -> dict:
         inproc.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)   # steadier than wall time on a shared machine
         simulated_s = (int(result.step_end_ns.max()) - int(req.arrival_ns[0])) / 1e9
-        cmd = [sys.executable, "-m", "schedsim.cli", "run", str(TRACE), "--policy", "paged-kv",
+        cmd = [sys.executable, "-m", "schedsim.cli.main", "run", str(TRACE), "--policy", "paged-kv",
                "--rate-scale", str(rate_scale), "--json"]
         if prefix:
             cmd.append("--enable-prefix-caching")

@@ -87,7 +87,7 @@ def machine_info() -> dict:
 
 def capacity(profile_path: Path) -> dict:
     """Best samples/s of the profile: max over batch b of b / (latency_ms_mean(b) + dispatch overhead)."""
-    from schedsim.profile import load_profile
+    from schedsim.cost.profile import load_profile
 
     prof = load_profile(profile_path)
     table = prof.table
@@ -156,7 +156,7 @@ class Spawner:
 
 _PROBE = """
 import json, sys
-from schedsim.cli import main
+from schedsim.cli.main import main
 rc = main(sys.argv[2:])
 assert rc == 0, rc
 json.dump(sorted(m for m in sys.modules if m not in ("__main__", "__mp_main__")), open(sys.argv[1], "w"))
@@ -224,13 +224,13 @@ def bare_in_child(spawner: Spawner, trace: Path, n: int, seed: int, stdout: Path
 def in_process(csv: Path, parquet: Path, profile_path: Path, flags: list[str], seed: int,
                want_tracemalloc: bool) -> dict:
     """Time load / build / simulate / summarize as runner.execute does them, for a breakdown."""
-    from schedsim.cost import CostModel
-    from schedsim.metrics import summarize
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
-    from schedsim.profile import load_profile
-    from schedsim.simulate import simulate
-    from schedsim.trace_io import load_trace
+    from schedsim.cost.model import CostModel
+    from schedsim.core.metrics import summarize
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
+    from schedsim.cost.profile import load_profile
+    from schedsim.core.simulate import simulate
+    from schedsim.traces.io import load_trace
 
     out: dict = {"loadavg_1m_before": os.getloadavg()[0]}
     t = time.perf_counter()
@@ -280,12 +280,12 @@ def in_process(csv: Path, parquet: Path, profile_path: Path, flags: list[str], s
 
 def profile_simulate(csv: Path, profile_path: Path, seed: int, dest: Path, top: int = 30) -> dict:
     """cProfile of simulate() for the default flags; writes the top functions to ``dest``."""
-    from schedsim.cost import CostModel
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
-    from schedsim.profile import load_profile
-    from schedsim.simulate import simulate
-    from schedsim.trace_io import load_trace
+    from schedsim.cost.model import CostModel
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
+    from schedsim.cost.profile import load_profile
+    from schedsim.core.simulate import simulate
+    from schedsim.traces.io import load_trace
 
     requests = Requests.from_trace(load_trace(csv))
     cost = CostModel.from_profile(load_profile(profile_path))
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-child", type=Path, default=None, help=argparse.SUPPRESS)  # see bare_in_child
     args = ap.parse_args(argv)
     if args.bare_child is not None:
-        from schedsim.trace_io import load_trace
+        from schedsim.traces.io import load_trace
 
         arrivals = load_trace(args.bare_child).arrival_s[:args.bare_n]
         print(json.dumps(bare_simpy_mm1(arrivals, rho=0.7, seed=args.seed)))
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if bare_repeat < 1:
         ap.error("--bare-repeat must be >= 1")
 
-    from schedsim.profile import default_profile_path
+    from schedsim.cost.profile import default_profile_path
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # A user's installed copy runs from cached bytecode; this machine sets

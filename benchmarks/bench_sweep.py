@@ -34,10 +34,10 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
 
-    from schedsim.grid import parse_grid
-    from schedsim.objective import parse_objective, parse_slo
-    from schedsim.runner import RunSpec
-    from schedsim.sweep import SweepSpec, run_sweep
+    from schedsim.planning.grid import parse_grid
+    from schedsim.planning.objective import parse_objective, parse_slo
+    from schedsim.run.runner import RunSpec
+    from schedsim.planning.sweep import SweepSpec, run_sweep
 
     delays = args.cells // 5
     grid_items = [f"max_queue_delay_us=0:{250 * (delays - 1)}:250", f"preferred_batch_size={PREFERRED}"]
@@ -46,7 +46,7 @@ def main() -> None:
     trace = tmp / "trace.csv"
     gen = ["trace", "gen", "--arrival", "poisson", "--rate", "8000", "--n", str(args.requests),
            "--seed", "1", "--seq-len", "fixed:128", "--out", str(trace)]
-    subprocess.run([sys.executable, "-m", "schedsim.cli", *gen], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "schedsim.cli.main", *gen], check=True, stdout=subprocess.DEVNULL)
     slo = parse_slo([], p99_ms=3.0)
     spec = SweepSpec(base=RunSpec(trace=trace, seed=1), grid=parse_grid(grid_items), slo=slo,
                      objective=parse_objective("max:throughput_rps", 0.01, slo), plot=False)

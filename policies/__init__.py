@@ -1,10 +1,10 @@
 """Batching policies. ``POLICIES`` maps each ``--policy`` name to its class.
 
 A user's own policy is named by path instead: ``path/to/file.py:MyPolicy`` or
-``package.module:MyPolicy`` (see :func:`schedsim.plugins.load_policy_class`).
+``package.module:MyPolicy`` (see :func:`schedsim.registry.load_policy_class`).
 
 LLM policies (``continuous``, ``paged-kv``, ``llm-static``) decide engine steps instead of
-batches (:mod:`schedsim.llm.step`); ``static`` on a trace with token columns means
+batches (:mod:`schedsim.core.llm_policy`); ``static`` on a trace with token columns means
 ``llm-static``.
 
 The LLM policy modules (and :mod:`schedsim.llm`) are imported on first use, so that a

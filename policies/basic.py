@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from schedsim.errors import InputError
-from schedsim.policy import NEVER, Decision, Launch, Policy, Requests
+from schedsim.core.policy import NEVER, Decision, Launch, Policy, Requests
 
 
 class NoBatching(Policy):

@@ -33,7 +33,7 @@ import numpy as np
 
 from policies.fifo import RowFifo
 from schedsim.errors import InputError
-from schedsim.policy import (NEVER, REJECT_QUEUE_FULL, REJECT_TIMEOUT, Decision, Launch,
+from schedsim.core.policy import (NEVER, REJECT_QUEUE_FULL, REJECT_TIMEOUT, Decision, Launch,
                              Policy, Reject, Requests)
 
 TIMEOUT_ACTIONS = ("REJECT", "DELAY")
@@ -238,7 +238,7 @@ class DynamicBatcher(Policy):
     def _decide_fast(self, now_ns: int, idle: list[int]) -> Decision:
         """``decide`` for the common case, in plain integers: one queue of consecutive rows,
         one sample and one shape each, no timeouts, no prefetch. Same answers as the general
-        path (tests/test_properties.py compares them); with a payload of 0 the walk's
+        path (tests/unit/core/test_properties.py compares them); with a payload of 0 the walk's
         "would pass the largest preferred size" mark always coincides with a preferred hit.
         """
         head, tail = self._head, self._tail

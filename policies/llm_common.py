@@ -10,8 +10,8 @@ from collections import deque
 
 import numpy as np
 
-from schedsim.llm.step import Step
-from schedsim.policy import Reject, Requests
+from schedsim.core.llm_policy import Step
+from schedsim.core.policy import Reject, Requests
 
 REJECT_TOO_LONG = "too_long"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from policies.continuous import ReservingPolicy
 from policies.llm_common import make_step, rejects
 from schedsim.errors import InputError
-from schedsim.llm.step import Step
+from schedsim.core.llm_policy import Step
 
 
 class StaticLLM(ReservingPolicy):

@@ -28,7 +28,7 @@ import numpy as np
 from policies.kv_cache import KVCacheManager
 from policies.llm_common import BlockKeys, Progress, Waiting, check_token_columns, make_step, rejects
 from schedsim.errors import InputError
-from schedsim.llm.step import LLMPolicy, Step
+from schedsim.core.llm_policy import LLMPolicy, Step
 
 
 class PagedKV(LLMPolicy):
@@ -41,7 +41,7 @@ class PagedKV(LLMPolicy):
                  preemption_mode: str = "recompute", swap_space_gb: float = 4.0,
                  watermark: float | None = None, long_prefill_token_threshold: int = 0,
                  max_model_len: int | None = None):
-        from schedsim.llm.budget import kv_budget
+        from schedsim.cost.kv_budget import kv_budget
 
         if preemption_mode not in ("recompute", "swap"):
             raise InputError(f"--preemption-mode: {preemption_mode!r} is not valid; expected recompute or swap")
@@ -247,7 +247,7 @@ class PagedKV(LLMPolicy):
         can only be found again by that request, after it gives its blocks back on a
         preemption: :meth:`_preempt` registers those then (``full[r]`` says how many),
         and a request that finishes never does. Hits, evictions and block ids stay what
-        registering every block at once gives (tests/test_llm_lazy_prefix.py), and a run
+        registering every block at once gives (tests/unit/policies/test_lazy_prefix.py), and a run
         saves a dict insertion and a later eviction per block (~1.7M on Azure conv).
         """
         if num_full > self.full[r]:

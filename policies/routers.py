@@ -5,7 +5,7 @@ start and finish, and answers one question, "which replica takes this request?".
 never reads a clock or looks inside a replica. A user's own router subclasses
 :class:`Router` and is loaded with ``--router path/file.py:MyRouter`` or ``module:MyRouter``.
 
-Hooks, called by the fleet driver (:mod:`schedsim.fleet`):
+Hooks, called by the fleet driver (:mod:`schedsim.planning.fleet`):
 
 ``reset(requests, replicas)``
     once, before the run: the read-only request columns and the number of replicas.

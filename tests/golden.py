@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from schedsim.policy import Requests
-from schedsim.simulate import simulate
-from schedsim.trace import Trace
+from schedsim.core.policy import Requests
+from schedsim.core.simulate import simulate
+from schedsim.traces.table import Trace
 
 
 class FixedCost:
@@ -26,3 +26,19 @@ def run(arrivals_ms, policy, service_ms=1.0, instances=1, **columns):
                       instances=instances, record=True)
     log = [(round(t / 1e6, 6), what, inst, list(rows)) for t, what, inst, rows in result.decisions]
     return log, result
+
+
+class Sticky:
+    """A user's router: everything to the last active replica."""
+
+    def reset(self, requests, replicas):
+        pass
+
+    def route(self, now_ns, row, active):
+        return active[-1]
+
+    def on_start(self, now_ns, replica, count):
+        pass
+
+    def on_done(self, now_ns, replica, count):
+        pass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from schedsim.policy import Requests
-from schedsim.trace import Trace
+from schedsim.core.policy import Requests
+from schedsim.traces.table import Trace
 
 
 class LinearCost:

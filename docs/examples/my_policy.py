@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 
 from schedsim.errors import InputError
-from schedsim.policy import NEVER, Decision, Launch, Policy
+from schedsim.core.policy import NEVER, Decision, Launch, Policy
 
 
 class MyPolicy(Policy):

@@ -7,9 +7,9 @@ Run with: python -m pytest docs/examples/test_my_policy_example.py
 import numpy as np
 
 from my_policy import MyPolicy
-from schedsim.policy import Requests
-from schedsim.simulate import simulate
-from schedsim.trace import Trace
+from schedsim.core.policy import Requests
+from schedsim.core.simulate import simulate
+from schedsim.traces.table import Trace
 
 
 class FlatCost:

@@ -33,7 +33,7 @@ P99_BOUND_MS = 10.0      # "keeps up": p99 under this (a loose, interactive-serv
 
 
 def schedsim(*args) -> None:
-    cmd = [sys.executable, "-m", "schedsim.cli", *map(str, args)]
+    cmd = [sys.executable, "-m", "schedsim.cli.main", *map(str, args)]
     print("$ schedsim " + " ".join(map(str, args)), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
@@ -134,8 +134,8 @@ def summarise() -> None:
 def profile_speedups() -> dict:
     """Samples/s of back-to-back batches of b against batch 1, from the profile alone
     (mean service time plus the measured dispatch overhead; no queueing, no wake-ups)."""
-    from schedsim.cost import CostModel
-    from schedsim.profile import default_profile_path, load_profile
+    from schedsim.cost.model import CostModel
+    from schedsim.cost.profile import default_profile_path, load_profile
 
     cost = CostModel.from_profile(load_profile(default_profile_path()))
     one = 1 / cost.mean_s(1, 128)

@@ -3,13 +3,13 @@
 Per batch size the timed work is what a serving loop does per batch: H2D copy of the
 input ids from a pinned host buffer, CUDA-graph replay, D2H copy of the pooled output,
 synchronize; timed on the host (launch to synchronize), with warm-up and interleaved
-rounds (see schedsim.measure). CUDA events around the replay give the GPU time. A
+rounds (see schedsim.profiling.measure). CUDA events around the replay give the GPU time. A
 separate loop measures the host dispatch gap between batches (not part of latency).
 
 Writes NAME.csv, NAME.json and NAME.samples.npz (schedsim.profile/1) into --out.
-Imports only numpy, torch, schedsim.engines.torch_encoder, schedsim.measure and
-schedsim.host, so it runs on an image without the simulator's other dependencies.
-``--cpu N`` (or auto) pins the process to one CPU first (schedsim/host.py), recorded as
+Imports only numpy, torch, schedsim.live.engines.torch_encoder, schedsim.profiling.measure and
+schedsim.profiling.host, so it runs on an image without the simulator's other dependencies.
+``--cpu N`` (or auto) pins the process to one CPU first (schedsim/profiling/host.py), recorded as
 the sidecar's machine.cpu_pinning.
 
     PYTHONPATH=. python3 experiments/default_profile/measure.py --out "$OUT"
@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schedsim.engines.torch_encoder import DESCRIPTIONS, CONFIGS, TorchEncoderRunner, build_encoder
+from schedsim.live.engines.torch_encoder import DESCRIPTIONS, CONFIGS, TorchEncoderRunner, build_encoder
 from schedsim.errors import InputError
-from schedsim.host import pin_cpu
-from schedsim.measure import gpu_state, interleaved, machine_metadata, summarize
+from schedsim.profiling.host import pin_cpu
+from schedsim.profiling.measure import gpu_state, interleaved, machine_metadata, summarize
 
 CSV_COLUMNS = ["batch", "seq_len", "latency_ms_mean", "latency_ms_p50", "latency_ms_p90",
                "latency_ms_p99", "latency_ms_std", "n", "latency_ms_min", "latency_ms_max",

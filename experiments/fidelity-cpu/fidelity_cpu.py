@@ -3,13 +3,13 @@
 Measures a cost profile of the engine here (as experiments/default_profile/measure.py
 does on the H200: warm-up, interleaved rounds, every raw sample kept) plus the live
 driver's own dispatch gap, then replays one trace per cell live against the engine
-(``schedsim.live.run_live``) in ``live_repeats`` rounds, every cell once a round, with another
+(``schedsim.live.driver.run_live``) in ``live_repeats`` rounds, every cell once a round, with another
 profile measured before each round, and simulates each trace on the profile of its round
-(``schedsim.simulate``) and compares them (``schedsim.validate.compare``; each error is the
+(``schedsim.core.simulate``) and compares them (``schedsim.live.validate.compare``; each error is the
 median over the rounds).
 
 ``--cost-scale 1.3`` simulates on a profile whose latencies are 30% too high: the
-check must then fail (tests/test_fidelity_cpu.py runs both).
+check must then fail (tests/fidelity/test_cpu_table.py runs both).
 
     python experiments/fidelity-cpu/fidelity_cpu.py --out /tmp/fid-cpu
 """
@@ -28,18 +28,18 @@ import numpy as np
 import pandas as pd
 
 from policies import DynamicBatcher, NoBatching
-from schedsim.cost import CostModel
-from schedsim.engines.ort_live import OrtRunner, build_encoder_onnx
-from schedsim.live import run_live, write_live_outputs
-from schedsim.measure import interleaved, machine_metadata, summarize as sample_stats
-from schedsim.metrics import combine_replications, summarize
-from schedsim.policy import Requests
-from schedsim.profile import Profile, save_profile
-from schedsim.report import write_outputs
-from schedsim.simulate import simulate
-from schedsim.trace import Trace
-from schedsim.trace_gen import poisson
-from schedsim.validate import compare
+from schedsim.cost.model import CostModel
+from schedsim.live.engines.ort_live import OrtRunner, build_encoder_onnx
+from schedsim.live.driver import run_live, write_live_outputs
+from schedsim.profiling.measure import interleaved, machine_metadata, summarize as sample_stats
+from schedsim.core.metrics import combine_replications, summarize
+from schedsim.core.policy import Requests
+from schedsim.cost.profile import Profile, save_profile
+from schedsim.run.report import write_outputs
+from schedsim.core.simulate import simulate
+from schedsim.traces.table import Trace
+from schedsim.traces.generate import poisson
+from schedsim.live.validate import compare
 
 SEQ_LEN = 32
 MAX_BATCH = 8
@@ -122,7 +122,7 @@ def run(out: Path, *, duration_s: float = 4.0, warmup_s: float = 0.5, cost_scale
             parts = [measure()]
             batch1_ms = float(parts[0][1].mean())
             gap_us = calibrate_dispatch_us(factory, batch1_ms, seed + 99)
-            from schedsim.profile import load_profile
+            from schedsim.cost.profile import load_profile
 
             # Trace rates from the first part; the cells are then run live in rounds (every
             # cell once per round), with another profile part before each later round.
@@ -200,7 +200,7 @@ def _scaled(profile: Profile, scale: float) -> Profile:
 
 
 def _compare(sim_dir: Path, live_dir: Path) -> dict:
-    from schedsim.validate import _load_dir
+    from schedsim.live.validate import _load_dir
 
     sim, sim_cols = _load_dir(sim_dir, "--sim")
     live, live_cols = _load_dir(live_dir, "--live")

@@ -34,7 +34,7 @@ TABLE = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99", "
 
 
 def prepare(cells_mod) -> None:
-    from schedsim.trace_io import load_trace
+    from schedsim.traces.io import load_trace
 
     (HERE / "traces").mkdir(exist_ok=True)
     loaded = {}
@@ -72,10 +72,10 @@ def engine_model(cells_mod, is_smoke: bool = False, run: Path | None = None):
     """The step cost model of the cells' one live engine, with the token counts its warm-up
     runs (run_h200.py: one warm_up for all cells) as its warm ones: the warm-up ``run``
     recorded (runs 1-12 had no dense sweep of short prefills), today's without one."""
-    from schedsim.llm.cost import StepCostModel, load_step_profile
-    from schedsim.llm.live import warm_token_counts
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.live.llm_driver import warm_token_counts
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
 
     profile = load_step_profile(PROFILE)
     cost = StepCostModel.from_profile(profile)
@@ -95,11 +95,11 @@ def engine_model(cells_mod, is_smoke: bool = False, run: Path | None = None):
 def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False, cost=None) -> dict:
     """Predict one cell. ``cost``: the engine's model (:func:`engine_model`), shared by the
     cells in the order they ran live: each starts with the token counts the ones before ran."""
-    from schedsim.llm.metrics import summarize_llm
-    from schedsim.llm.report import write_llm_outputs
-    from schedsim.llm.simulate import simulate_llm
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
+    from schedsim.core.llm_metrics import summarize_llm
+    from schedsim.run.llm_report import write_llm_outputs
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
 
     cell, trace = cell_trace(cell, is_smoke)
     requests = Requests.from_trace(trace)
@@ -116,8 +116,8 @@ def simulate(cell, cells_mod, out_dir: Path | None, is_smoke: bool = False, cost
 
 
 def write_live(cell, run_dir: Path, out_dir: Path, is_smoke: bool = False) -> dict:
-    from schedsim.llm.report import write_llm_outputs
-    from schedsim.policy import Requests
+    from schedsim.run.llm_report import write_llm_outputs
+    from schedsim.core.policy import Requests
 
     cell, trace = cell_trace(cell, is_smoke)
     cell_dir = run_dir / "cells" / cell["name"]
@@ -138,7 +138,7 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
     (bool), ``tokens``, ``pred``, ``meas`` (ms), ``err`` (%), ``start_s``, ``gpu_ms`` in log
     order, and ``with_host``, ``kv_from``; None for a log without composition columns (run1).
 
-    The step model's features (schedsim.llm.cost.step_features) are computed from each
+    The step model's features (schedsim.cost.step_model.step_features) are computed from each
     logged step's composition sums with cost.py's formulas: a graph step runs at G =
     graph_batch(n_rows) and W = context_blocks(decode_max_context + 1) blocks; an eager step
     from tokens, prefill rows, prefill attention pairs, prefill context and decode rows with
@@ -148,9 +148,9 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
     """
     import csv
 
-    from schedsim.llm.cost import (KV_FEATURE, StepCostModel, gpu_bound_serial_keys, load_step_profile,
+    from schedsim.cost.step_model import (KV_FEATURE, StepCostModel, gpu_bound_serial_keys, load_step_profile,
                                    real_kv_tokens, serial_keys, step_features)
-    from schedsim.llm.shapes import context_blocks_array, graph_batch_array
+    from schedsim.cost.llm_shapes import context_blocks_array, graph_batch_array
 
     steps_csv = Path(steps_csv)
     if not steps_csv.exists() and steps_csv.with_name(steps_csv.name + ".gz").exists():
@@ -182,7 +182,7 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
         else:
             kv, kv_from = col["decode_rows"] * top, "decode_rows x (decode_max_context + 1), an upper bound"
         real_kv = real_kv_tokens(col["decode_rows"], kv, bs)
-    # The eager decode attention's serial keys, where the model has them (schedsim.llm.cost).
+    # The eager decode attention's serial keys, where the model has them (schedsim.cost.step_model).
     serial = None if cost._attention is None else serial_keys(col["decode_rows"], dwidth, cost._attention, bs)
     bound = None if not cost._gpu_bound else gpu_bound_serial_keys(
         np.where(graph == 1, 0, col["tokens"]), col["decode_rows"], dwidth, cost._attention, bs)
@@ -204,7 +204,7 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     measured) / measured, {graph,eager}_live_host_us_p50 (the median of the live step period
     minus its GPU time) and model_step_overhead_us; {} for a log without composition columns
     (run1) and NaN where a kind has no step."""
-    from schedsim.llm.cost import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
 
     cost = cost or StepCostModel.from_profile(load_step_profile(PROFILE))
     p = priced_steps(steps_csv, cost)
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         return 0
 
     from schedsim.files import write_json
-    from schedsim.llm.validate import validate_llm_dirs
+    from schedsim.live.llm_validate import validate_llm_dirs
 
     rows = []
     for cell in cells_mod.CELLS:

@@ -2,7 +2,7 @@
 
 numpy only (the device image has no pyarrow): a cell's trace slice is ``traces/NAME.npz``
 (arrival_s, input_tokens, output_tokens, and hash_offsets / hash_ids for Mooncake) and its
-live result is ``cells/NAME/result.npz`` (every :class:`~schedsim.llm.results.LLMResult`
+live result is ``cells/NAME/result.npz`` (every :class:`~schedsim.core.llm_results.LLMResult`
 array) with ``result.json`` (its scalars and the policy's stats).
 """
 
@@ -25,7 +25,7 @@ def load_cells():
 
 
 def load_cell_trace(path: Path):
-    from schedsim.trace import Trace
+    from schedsim.traces.table import Trace
 
     d = np.load(path)
     meta = {"hash_block_tokens": int(d["hash_block_tokens"])} if "hash_ids" in d else {}
@@ -54,7 +54,7 @@ def save_result(cell_dir: Path, result) -> None:
 
 
 def load_result(cell_dir: Path, requests):
-    from schedsim.llm.results import LLMResult
+    from schedsim.core.llm_results import LLMResult
 
     d = np.load(cell_dir / "result.npz")
     info = json.loads((cell_dir / "result.json").read_text())
@@ -78,7 +78,7 @@ def engine_settings(runs) -> dict:
     """The one live engine of the cells and its warm-up, from (requests, policy) pairs of all
     cells (run_h200.py builds it so; analyze.py prices its warm-up): ``num_blocks``,
     ``max_context``, ``max_seqs`` and ``prefill_tokens``."""
-    from schedsim.llm.live import engine_context, warmup_prefill_tokens
+    from schedsim.live.llm_driver import engine_context, warmup_prefill_tokens
 
     return {"num_blocks": max(p.budget.num_blocks for _, p in runs),
             "max_context": max(engine_context(r, p) for r, p in runs),
@@ -114,9 +114,9 @@ def diagnostic_engine(args, num_blocks: int = 16384, block_size: int = 16, max_c
     pinning record)."""
     import torch
 
-    from schedsim.engines.decoder import CONFIGS
-    from schedsim.engines.llm_engine import PagedLLMEngine
-    from schedsim.host import pin_cpu
+    from schedsim.live.engines.decoder import CONFIGS
+    from schedsim.live.engines.llm_engine import PagedLLMEngine
+    from schedsim.profiling.host import pin_cpu
 
     pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
     engine = PagedLLMEngine(args.model, num_blocks, block_size, device=args.device, max_context=max_context,

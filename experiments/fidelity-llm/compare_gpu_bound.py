@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "experiments" / "llm_profile" / "few-decodes"))
 
 from compare_profiles import variant  # noqa: E402
 
-from schedsim.llm.cost import fit_step_profile, load_step_profile  # noqa: E402
+from schedsim.cost.step_model import fit_step_profile, load_step_profile  # noqa: E402
 
 PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "extended": ROOT / "experiments" / "llm_profile" / "few-decodes" / "llama-1b-bf16-h200-steps-run11call.csv"}

@@ -56,8 +56,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.llm_engine import EngineRow, PagedLLMEngine
-    from schedsim.host import loop_ms
+    from schedsim.live.engines.llm_engine import EngineRow, PagedLLMEngine
+    from schedsim.profiling.host import loop_ms
 
     cuda = args.device == "cuda"
     rng = np.random.default_rng(0)

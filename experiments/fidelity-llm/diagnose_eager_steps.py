@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.llm_engine import EngineRow, PagedLLMEngine
+    from schedsim.live.engines.llm_engine import EngineRow, PagedLLMEngine
 
     rng = np.random.default_rng(0)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from schedsim.engines.llm_engine import NULL_BLOCK, EngineRow, PagedLLMEngine
+    from schedsim.live.engines.llm_engine import NULL_BLOCK, EngineRow, PagedLLMEngine
 
     out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
            "sdp_enabled": {k: getattr(torch.backends.cuda, f"{k}_sdp_enabled")()

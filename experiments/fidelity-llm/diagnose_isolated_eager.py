@@ -39,7 +39,7 @@ SAMPLES = int(__import__("os").environ.get("SAMPLES", 25))
 
 def main(argv=None) -> int:
     args = diagnostic_args(__doc__, argv)
-    from schedsim.engines.llm_rows import EngineRow
+    from schedsim.live.engines.llm_rows import EngineRow
 
     engine, vocab, pinned = diagnostic_engine(args)
     rng = np.random.default_rng(0)

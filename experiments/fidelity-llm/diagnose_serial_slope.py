@@ -1,7 +1,7 @@
 """Mooncake's eager steps run 16-17% over their price in every run: is it the serial-keys slope?
 
 The committed step model prices an eager step's decode attention at 0.40 µs per serial key
-(schedsim.llm.cost.serial_keys), fitted to a profile whose decode compositions sit beside
+(schedsim.cost.step_model.serial_keys), fitted to a profile whose decode compositions sit beside
 2,048-token chunks; measured apart, beside an 8,192-token chunk, one serial key cost 1.03 µs
 (experiments/llm_profile/few-decodes/). This prints, per recorded run and cell, the median
 error of the live eager steps (predicted - measured, % of measured) with the committed model,
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.llm import cost as C  # noqa: E402
+from schedsim.cost import step_model as C  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12", "run13")
 

@@ -49,7 +49,7 @@ IDLE_MS = 1.0
 
 
 def cost_model(add_us: float = 0.0):
-    from schedsim.llm.cost import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
 
     cost = StepCostModel.from_profile(load_step_profile(analyze.PROFILE))
     a, b = cost.loop_ns
@@ -88,10 +88,10 @@ def first_difference(sim_b: list[tuple], other: list[tuple], default=None):
 
 
 def simulate(cell: dict, cells_mod, add_us: float = 0.0):
-    from schedsim.llm.metrics import summarize_llm
-    from schedsim.llm.simulate import simulate_llm
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
+    from schedsim.core.llm_metrics import summarize_llm
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
 
     trace = load_cell_trace(HERE / "traces" / f"{cell['name']}.npz")
     policy = build_policy(cells_mod.policy_name(cell), dict(cell["params"]))

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run_h200.py output folders (runN/)")
     ap.add_argument("--profile", type=Path, help="step profile (default: the committed one)")
     args = ap.parse_args(argv)
-    from schedsim.llm.cost import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
 
     cost = StepCostModel.from_profile(load_step_profile(args.profile or analyze.PROFILE))
     cells = [c["name"] for c in analyze.load_cells().CELLS]

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity.pooled import leave_one_out  # noqa: E402
-from schedsim.llm.validate import TARGETS_PCT, validate_llm_dirs  # noqa: E402
+from schedsim.live.llm_validate import TARGETS_PCT, validate_llm_dirs  # noqa: E402
 
 METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
 

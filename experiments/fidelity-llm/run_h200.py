@@ -1,8 +1,8 @@
 """The LLM fidelity table's device half: every cell live on the H200 (analyze.py is the other half).
 
 Runs on the device image (Python 3.12, torch with CUDA, numpy; no simpy, no pyarrow, no
-typer needed): it imports schedsim.llm.live, schedsim.engines.llm_engine, the policies and
-schedsim.llm.metrics, none of which imports simpy, pyarrow or typer. This is what
+typer needed): it imports schedsim.live.llm_driver, schedsim.live.engines.llm_engine, the policies and
+schedsim.core.llm_metrics, none of which imports simpy, pyarrow or typer. This is what
 ``schedsim live TRACE --backend torch-llm --model builtin:llama-1b --device cuda [cell flags]``
 does, with the CLI's trace loading and CSV writing left to analyze.py, and one engine (one
 weight load, one KV pool as large as the largest cell's, one set of captured decode graphs)
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import HERE, engine_settings, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.llm.live import run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
-from schedsim.llm.metrics import summarize_llm  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
+from schedsim.live.llm_driver import run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
+from schedsim.core.llm_metrics import summarize_llm  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -55,10 +55,10 @@ def main(argv=None) -> int:
                     help="CPU check of this script: llama-tiny, fp32, 60 blocks, 12 requests per cell")
     args = ap.parse_args(argv)
     from schedsim.errors import InputError
-    from schedsim.host import pin_cpu
+    from schedsim.profiling.host import pin_cpu
 
     try:
-        # Before torch starts its threads: they inherit the CPU set (schedsim.host says why).
+        # Before torch starts its threads: they inherit the CPU set (schedsim.profiling.host says why).
         pinned = pin_cpu(None if args.cpu.strip().lower() == "none" else args.cpu)
     except InputError as exc:
         ap.error(str(exc))
@@ -66,8 +66,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.llm_engine import PagedLLMEngine
-    from schedsim.measure import gpu_state, machine_metadata
+    from schedsim.live.engines.llm_engine import PagedLLMEngine
+    from schedsim.profiling.measure import gpu_state, machine_metadata
 
     t_start = time.perf_counter()
     out = args.out

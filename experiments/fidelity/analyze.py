@@ -34,16 +34,16 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.cost import CostModel  # noqa: E402
-from schedsim.metrics import combine_replications, summarize  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
-from schedsim.profile import load_profile  # noqa: E402
-from schedsim.report import write_outputs  # noqa: E402
-from schedsim.results import SimResult  # noqa: E402
-from schedsim.simulate import simulate  # noqa: E402
-from schedsim.trace import Trace  # noqa: E402
-from schedsim.validate import validate_dirs  # noqa: E402
+from schedsim.cost.model import CostModel  # noqa: E402
+from schedsim.core.metrics import combine_replications, summarize  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
+from schedsim.cost.profile import load_profile  # noqa: E402
+from schedsim.run.report import write_outputs  # noqa: E402
+from schedsim.core.results import SimResult  # noqa: E402
+from schedsim.core.simulate import simulate  # noqa: E402
+from schedsim.traces.table import Trace  # noqa: E402
+from schedsim.live.validate import validate_dirs  # noqa: E402
 
 TARGETS = {"p99_median_1inst": 3.0, "p99_worst_1inst": 8.0, "p99_worst_2inst": 10.0, "throughput_worst": 1.0}
 
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
         profiles["e"] = (committed, None, {2: duo})
         if "pair_slowdown" in duo.meta:
             # e0: e as it was before the pair grid: a batch launched beside the other instance's
-            # priced by the equal-size two-instance table, at launch (schedsim.contention)
+            # priced by the equal-size two-instance table, at launch (schedsim.core.contention)
             flat = dataclasses.replace(duo, meta={k: v for k, v in duo.meta.items() if k != "pair_slowdown"})
             profiles["e0"] = (committed, None, {2: flat})
         if "b" in profiles:

@@ -32,11 +32,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.live import run_live, write_batches_csv  # noqa: E402
-from schedsim.measure import machine_metadata  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
-from schedsim.trace import Trace  # noqa: E402
+from schedsim.live.driver import run_live, write_batches_csv  # noqa: E402
+from schedsim.profiling.measure import machine_metadata  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
+from schedsim.traces.table import Trace  # noqa: E402
 
 SEQ_LEN = 128
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -86,7 +86,7 @@ def bert_runner():
     """The cells' engine: bert-base fp16 on CUDA, a graph captured for every batch size 1..64."""
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
     model = build_encoder("bert-base", "cuda", torch.float16, seed=0)
     with TorchEncoderRunner(model, max_batch=64, max_seq_len=SEQ_LEN, cuda_graphs=True,

@@ -4,7 +4,7 @@ The two-instance profile (profiles/bert-base-fp16-cg-2inst-h200.csv) was measure
 instances running the same batch size. Live, a large batch mostly runs beside the other
 instance's small one (README, session 9: batches of 33-64 took 2.78 ms live and 4.23 ms in
 the simulation). This runs two CUDA-graph runners of bert-base (fp16, seq_len 128), one
-thread each (schedsim.measure.sample_concurrent, as the profiler's 2-instance cells), for
+thread each (schedsim.profiling.measure.sample_concurrent, as the profiler's 2-instance cells), for
 pairs of sizes (a, b), and each size alone, and writes each side's host latency and GPU
 time, medians (device; about a minute):
 
@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from schedsim.host import live_cpu_count, pin_cpu  # noqa: E402
-from schedsim.measure import sample_cell, sample_concurrent  # noqa: E402
+from schedsim.profiling.host import live_cpu_count, pin_cpu  # noqa: E402
+from schedsim.profiling.measure import sample_cell, sample_concurrent  # noqa: E402
 
 SEQ_LEN = 128
 PAIRS = [(64, 64), (64, 16), (64, 4), (64, 1), (48, 48), (48, 8), (48, 2), (32, 32), (32, 8), (32, 1),
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
     device, name, dtype = ("cpu", "bert-tiny", torch.float32) if args.smoke else ("cuda", "bert-base", torch.float16)
     model = build_encoder(name, device, dtype, seed=0)

@@ -38,8 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.host import pin_cpu  # noqa: E402
-from schedsim.measure import gpu_sampler  # noqa: E402
+from schedsim.profiling.host import pin_cpu  # noqa: E402
+from schedsim.profiling.measure import gpu_sampler  # noqa: E402
 
 SEQ_LEN = 128
 PROBE = 32
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
     args.out.mkdir(parents=True, exist_ok=True)
     device, name, dtype = ("cpu", "bert-tiny", torch.float32) if args.smoke else ("cuda", "bert-base", torch.float16)

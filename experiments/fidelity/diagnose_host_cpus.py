@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from schedsim.host import loop_ms  # noqa: E402  (one fixed pure-Python loop, ms)
+from schedsim.profiling.host import loop_ms  # noqa: E402  (one fixed pure-Python loop, ms)
 
 
 def sample(n: int) -> float:

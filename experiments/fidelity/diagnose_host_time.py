@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity.analyze import live_result  # noqa: E402
-from schedsim.cost import CostModel  # noqa: E402
-from schedsim.metrics import summarize  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
-from schedsim.profile import load_profile  # noqa: E402
-from schedsim.simulate import simulate  # noqa: E402
+from schedsim.cost.model import CostModel  # noqa: E402
+from schedsim.core.metrics import summarize  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
+from schedsim.cost.profile import load_profile  # noqa: E402
+from schedsim.core.simulate import simulate  # noqa: E402
 
 PROFILE = ROOT / "profiles" / "bert-base-fp16-cg-h200.csv"
 DUO = ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv"

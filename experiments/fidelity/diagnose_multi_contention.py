@@ -4,7 +4,7 @@ The pair grid (``schedsim profile --instances 2 --pair-s``) says how a batch slo
 one other instance's batch, by both sizes. With more instances the simulator has no grid
 and falls back to the per-count tables; this measures what a rule built from the pair
 grid would have to reproduce. It runs K CUDA-graph runners of bert-base (fp16, seq_len
-128), one thread each (schedsim.measure.sample_concurrent, as the profiler's multi-instance
+128), one thread each (schedsim.profiling.measure.sample_concurrent, as the profiler's multi-instance
 cells), for every multiset of sizes below, plus each size alone and a few pairs (to check
 the pair grid in the same call), and writes each side's median host latency (device;
 about a minute):
@@ -30,8 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from schedsim.host import live_cpu_count, pin_cpu  # noqa: E402
-from schedsim.measure import sample_cell, sample_concurrent  # noqa: E402
+from schedsim.profiling.host import live_cpu_count, pin_cpu  # noqa: E402
+from schedsim.profiling.measure import sample_cell, sample_concurrent  # noqa: E402
 
 SEQ_LEN = 128
 SIZES = (1, 8, 32, 64)
@@ -43,8 +43,8 @@ QUADS = [(1, 1, 1, 1), (8, 8, 8, 8), (32, 32, 32, 32), (64, 64, 64, 64), (64, 1,
 
 def compare_rules(path: Path) -> None:
     """Print each rule's error against the measured slowdowns of batches beside two or three others."""
-    from schedsim.contention import PairSlowdown
-    from schedsim.profile import load_profile
+    from schedsim.core.contention import PairSlowdown
+    from schedsim.cost.profile import load_profile
 
     root = Path(__file__).resolve().parents[2]
     grid = PairSlowdown.from_meta(load_profile(root / "profiles" / "bert-base-fp16-cg-2inst-h200.csv").meta, "grid")
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
     device, name, dtype = ("cpu", "bert-tiny", torch.float32) if args.smoke else ("cuda", "bert-base", torch.float16)
     model = build_encoder(name, device, dtype, seed=0)

@@ -4,7 +4,7 @@ For each multi-instance cell of a run (run_h200.py's output), every live batch i
 by the model: its time alone (the committed one-instance table's mean plus dispatch
 overhead) is worked off at rate 1 while no other instance ran a batch and at 1 / (1 + the
 sum of slowdown(own, other) - 1 over the others' running batches) otherwise, with the other
-instances' batches as the live run logged them (schedsim.contention's processor sharing, on the live timeline). This separates
+instances' batches as the live run logged them (schedsim.core.contention's processor sharing, on the live timeline). This separates
 the service-time model from the queueing: the simulation's schedule drifts from the live
 one, this does not. Prints, per batch-size bin, the live and modelled median durations and
 the ratio of their sums, and the ratio over all batches (the GPU time the model charges
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity.analyze import live_result  # noqa: E402
-from schedsim.contention import PairSlowdown  # noqa: E402
-from schedsim.cost import CostModel  # noqa: E402
-from schedsim.profile import load_profile  # noqa: E402
+from schedsim.core.contention import PairSlowdown  # noqa: E402
+from schedsim.cost.model import CostModel  # noqa: E402
+from schedsim.cost.profile import load_profile  # noqa: E402
 
 BINS = [(1, 2), (3, 8), (9, 16), (17, 32), (33, 64)]
 

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
 
     rng = np.random.default_rng(5)
     model = build_encoder("bert-base", "cuda", torch.float16, seed=0)

@@ -1,4 +1,4 @@
-"""Fit a profile's ``power_cap`` (schedsim/power.py) from diagnose_gpu_load.py's batches.
+"""Fit a profile's ``power_cap`` (schedsim/cost/power.py) from diagnose_gpu_load.py's batches.
 
 - ``factor`` per batch size B: the median CUDA-event time of the batch-32 probes in the
   ``steady-B`` phase over their median in the two ``mix`` phases (the profile's own
@@ -27,14 +27,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.power import step_tau_ms  # noqa: E402
+from schedsim.cost.power import step_tau_ms  # noqa: E402
 
 PROBE = 32
 SIZES = (8, 16, 32, 48, 64)
 
 
 def phase_tau_ms(b: pd.DataFrame, phase: str, size: int, start_factor: float) -> float:
-    """Time constant (ms) of the approach to the phase's settled time (schedsim.power.step_tau_ms)."""
+    """Time constant (ms) of the approach to the phase's settled time (schedsim.cost.power.step_tau_ms)."""
     x = b[(b.phase == phase) & (b.batch == size)]
     y = x.gpu_ms.to_numpy()
     end = float(np.median(y[len(y) // 2:]))

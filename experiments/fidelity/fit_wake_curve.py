@@ -67,7 +67,7 @@ def clock_factors(b: pd.DataFrame, power_cap) -> np.ndarray:
     simulator prices a batch at the table's mean times it, so the extra is taken over that."""
     if power_cap is None:
         return np.ones(len(b))
-    from schedsim.power import replay
+    from schedsim.cost.power import replay
 
     return replay(power_cap, b.issue_s, b.done_s, b.samples)
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         meta["dispatch_overhead_us"] = fit["dispatch_overhead_us"]
         meta["dispatch_overhead_us_per_sample"] = fit["dispatch_overhead_us_per_sample"]
         meta["dispatch_fit"] = fit
-    from schedsim.power import PowerCap
+    from schedsim.cost.power import PowerCap
 
     power_cap = PowerCap.from_meta(meta, str(side))
     launches = wake_launches(args.loops, mean_ms, float(meta.get("dispatch_overhead_us", 0.0)),

@@ -2,9 +2,9 @@
 cost profile measured in the same call. The simulator half is analyze.py (run it here).
 
 Runs on the device image (Python 3.12, torch with CUDA, numpy; no simpy, maybe no
-pyarrow): it imports only numpy, torch, schedsim.live, schedsim.metrics, the policies
-and schedsim.engines.torch_encoder; none of them imports simpy (the result type lives in
-schedsim.results).
+pyarrow): it imports only numpy, torch, schedsim.live.driver, schedsim.core.metrics, the policies
+and schedsim.live.engines.torch_encoder; none of them imports simpy (the result type lives in
+schedsim.core.results).
 
 Per cell (see cells.py) it writes OUT/cells/NAME/: result.npz (the arrivals replayed, in
 ns, and every per-request and per-batch column; analyze.py rebuilds requests.csv from
@@ -17,7 +17,7 @@ OUT resumes; --budget-s stops starting cells before the device's 10-minute limit
 --cpu (default auto: the fastest CPU by a short probe) pins this process before torch
 starts, and the profile's child process to the same CPU: the machine's vCPUs switch
 between two speeds and the host-bound work (graph launches, the dispatcher) with them
-(schedsim/host.py). The choice is in run_info.json and every cell's live.json
+(schedsim/profiling/host.py). The choice is in run_info.json and every cell's live.json
 (cpu_pinning).
 
     export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -43,12 +43,12 @@ sys.path.insert(0, str(ROOT))
 from experiments.fidelity.cells import CELLS, capacity_rps, committed_profile_means  # noqa: E402
 from schedsim.errors import InputError  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.host import live_cpu_count, pin_cpu, probe_cpus, set_process_cpus  # noqa: E402
-from schedsim.live import run_live, write_batches_csv  # noqa: E402
-from schedsim.metrics import summarize  # noqa: E402
-from schedsim.plugins import build_policy  # noqa: E402
-from schedsim.policy import Requests  # noqa: E402
-from schedsim.trace import Trace  # noqa: E402
+from schedsim.profiling.host import live_cpu_count, pin_cpu, probe_cpus, set_process_cpus  # noqa: E402
+from schedsim.live.driver import run_live, write_batches_csv  # noqa: E402
+from schedsim.core.metrics import summarize  # noqa: E402
+from schedsim.registry import build_policy  # noqa: E402
+from schedsim.core.policy import Requests  # noqa: E402
+from schedsim.traces.table import Trace  # noqa: E402
 
 SEQ_LEN = 128
 MAX_BATCH = 64
@@ -93,7 +93,7 @@ def write_cell(cell_dir: Path, cell: dict, trace: Trace, result, extra: dict, wa
 
 
 def _record(probe: dict) -> dict:
-    """A CPU probe (schedsim.host.probe_cpus) as live.json keeps it: loop ms by CPU."""
+    """A CPU probe (schedsim.profiling.host.probe_cpus) as live.json keeps it: loop ms by CPU."""
     return {str(c): round(v, 4) for c, v in probe.items()}
 
 
@@ -139,8 +139,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from schedsim.engines.torch_encoder import TorchEncoderRunner, build_encoder
-    from schedsim.measure import gpu_sampler, gpu_state, machine_metadata
+    from schedsim.live.engines.torch_encoder import TorchEncoderRunner, build_encoder
+    from schedsim.profiling.measure import gpu_sampler, gpu_state, machine_metadata
 
     t_start = time.perf_counter()
     out = args.out

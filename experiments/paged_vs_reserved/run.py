@@ -39,7 +39,7 @@ POLICIES = {
 
 
 def blocks_for(gib: float) -> int:
-    from schedsim.llm.spec import load_model_spec
+    from schedsim.cost.llm_spec import load_model_spec
 
     per_token = load_model_spec(MODEL).kv_bytes_per_token
     return int(gib * 2**30 // (BLOCK * per_token)) + 1   # + vLLM's reserved null block
@@ -49,13 +49,13 @@ def main() -> None:
     if not TRACE.exists():
         print(f"{TRACE} not found: skipping (schedsim trace download azure-conv)")
         return
-    from schedsim.llm.cost import StepCostModel, load_step_profile
-    from schedsim.llm.metrics import summarize_llm
-    from schedsim.llm.runner import default_step_profile_path
-    from schedsim.llm.simulate import simulate_llm
-    from schedsim.plugins import build_policy
-    from schedsim.policy import Requests
-    from schedsim.trace_io import load_trace, scale_rate
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.core.llm_metrics import summarize_llm
+    from schedsim.run.llm_runner import default_step_profile_path
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
+    from schedsim.traces.io import load_trace, scale_rate
 
     base = load_trace(TRACE)
     profile = sys.argv[1] if len(sys.argv) > 1 else default_step_profile_path()

@@ -1,6 +1,6 @@
 """Measure the committed H200 profiles in one process (one model build per configuration).
 
-Runs :func:`schedsim.profiler.run_profile` (what ``schedsim profile`` runs) for each
+Runs :func:`schedsim.profiling.profiler.run_profile` (what ``schedsim profile`` runs) for each
 configuration below, writing NAME.{csv,json,samples.npz} into --out and, after each one,
 re-packing everything into --out/profiles.tar.gz (the device tool returns at most 8 files,
 and a run cut short by its time limit still returns the profiles finished so far).
@@ -20,7 +20,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from schedsim.profiler import Progress, ProfileSpec, run_profile
+from schedsim.profiling.profiler import Progress, ProfileSpec, run_profile
 
 SEQS = (32, 128, 384)
 ALL = tuple(range(1, 65))
@@ -30,7 +30,7 @@ FP32 = dict(warmup_ms=30.0, min_iters=40, min_time_s=0.05, max_cell_s=0.4)
 CONFIGS = [
     ("bert-base-fp16-cg-3seq-h200", "fp16", True, 1, SEQS, FP16),
     ("bert-base-fp16-eager-3seq-h200", "fp16", False, 1, SEQS, FP16),
-    # The pair-slowdown grid (schedsim.contention): 10 sizes alone, 55 pairs, 0.3 s each.
+    # The pair-slowdown grid (schedsim.core.contention): 10 sizes alone, 55 pairs, 0.3 s each.
     ("bert-base-fp16-cg-2inst-h200", "fp16", True, 2, (128,),
      FP16 | dict(pair_s=0.3, pair_batches=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))),
     ("bert-base-fp32-cg-3seq-h200", "fp32", True, 1, SEQS, FP32),

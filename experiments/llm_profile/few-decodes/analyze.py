@@ -2,9 +2,9 @@
 
 1. The eager decode-attention cost of few decodes over a long context: each 8,192-token
    chunk + decodes composition less the chunk alone, by decode rows and context, beside
-   the attention's *serial keys* (schedsim.llm.cost.serial_keys: keys one kernel block
+   the attention's *serial keys* (schedsim.cost.step_model.serial_keys: keys one kernel block
    sweeps, times the waves of blocks over the GPU's multiprocessors).
-2. The step model (schedsim.llm.cost) fitted to the committed profile and to this one,
+2. The step model (schedsim.cost.step_model) fitted to the committed profile and to this one,
    with and without the serial-keys feature: held-out error, and the median error of the
    live eager and graph steps of fidelity-llm runs 7 and 9 (pinned, fast hosts).
 
@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from schedsim.llm import cost as C  # noqa: E402
+from schedsim.cost import step_model as C  # noqa: E402
 
 PROFILE = HERE / "llama-1b-bf16-h200-steps-run10call.csv"
 COMMITTED = ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv"

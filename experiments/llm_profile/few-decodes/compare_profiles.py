@@ -27,7 +27,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "fidelity-llm"))
 
-from schedsim.llm import cost as C  # noqa: E402
+from schedsim.cost import step_model as C  # noqa: E402
 
 import pooled  # noqa: E402
 

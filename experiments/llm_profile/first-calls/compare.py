@@ -4,7 +4,7 @@ The first time the engine runs an eager step of a token count it costs more (the
 kernels are chosen for the new shape; `experiments/fidelity-llm/diagnose_first_call_distance.py`:
 +3.3 ms at the median, 0.05 ms at a count run before). The step profiler now measures it
 (sidecar ``first_call``, a phase of new counts timed twice) and counts each composition's
-samples at new counts (``fresh_samples``); ``schedsim.llm.cost`` can price it (the first
+samples at new counts (``fresh_samples``); ``schedsim.cost.step_model`` can price it (the first
 step of each new token count pays ``first_call.ms``, the fit aims at the price of a count
 run before) when the sidecar sets ``first_call.priced``. Two profiles were measured with
 it, on a slow host (fastest vCPU 1.49 ms per probe loop) and a fast one (1.08 ms); each is

@@ -1,0 +1,1 @@
+"""The ``schedsim`` command, one module per command group."""

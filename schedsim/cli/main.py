@@ -1,0 +1,273 @@
+"""The ``schedsim`` command.
+
+Every :class:`~schedsim.errors.InputError` and every usage error becomes one line on
+stderr (``schedsim: error: ...``) and exit status 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+from collections.abc import Callable, Iterator, MutableMapping
+
+import typer
+from typer.core import TyperGroup
+
+from schedsim.cli import options as o
+from schedsim.errors import InputError
+
+
+# Subcommands other than ``run`` live in their own modules, imported only when their
+# command runs (or help lists them), so ``schedsim run`` does not pay for them.
+def _mount_live(sub: typer.Typer) -> None:
+    from schedsim.cli import live as cli_live
+
+    cli_live.register(sub)
+
+
+def _mount_sweep(sub: typer.Typer) -> None:
+    from schedsim.cli import sweep as cli_sweep
+
+    cli_sweep.register(sub)  # sweep, plan, autoscale
+
+
+def _mount_trace(sub: typer.Typer) -> None:
+    from schedsim.cli.trace import app as trace_app
+
+    sub.add_typer(trace_app, name="trace", help="Make, inspect and download request traces.")
+
+
+def _mount_profile(sub: typer.Typer) -> None:
+    from schedsim.cli import profile as cli_profile
+
+    sub.add_typer(cli_profile.app, name="profile", help="Measure engines into cost tables; show and compare them.")
+
+
+# Listing order (as before: live ... autoscale, then run, then the groups); "run" stands
+# for the commands defined in this module.
+_LAZY_BEFORE = {"live": _mount_live, "validate": _mount_live, "sweep": _mount_sweep, "plan": _mount_sweep,
+                "autoscale": _mount_sweep}
+_LAZY_AFTER = {"trace": _mount_trace, "profile": _mount_profile}
+
+
+class _LazyCommands(MutableMapping):
+    """The top-level group's commands: the lazy ones are built on first lookup."""
+
+    def __init__(self, eager: dict):
+        self._loaders: dict[str, Callable[[typer.Typer], None]] = {**_LAZY_BEFORE, **_LAZY_AFTER}
+        self._commands: dict = {**{n: None for n in _LAZY_BEFORE}, **eager, **{n: None for n in _LAZY_AFTER}}
+
+    def _load(self, name: str) -> None:
+        mount = self._loaders[name]
+        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        mount(sub)
+        built = typer.main.get_group(sub).commands
+        for n, m in self._loaders.items():
+            if m is mount and self._commands.get(n) is None and n in built:
+                self._commands[n] = built[n]
+
+    def __getitem__(self, name: str):
+        if self._commands[name] is None:
+            self._load(name)
+        return self._commands[name]
+
+    def __setitem__(self, name: str, cmd) -> None:
+        self._commands[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._commands[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._commands
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._commands)
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+
+class _LazyGroup(TyperGroup):
+    def __init__(self, *, commands=None, **kwargs):
+        super().__init__(**kwargs)
+        self.commands = _LazyCommands(dict(commands or {}))
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(self.commands)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_LazyGroup,
+                  help="Simulate batching policies for GPU inference serving on measured cost tables.")
+
+
+@app.callback()
+def _group() -> None:
+    # Keeps ``app`` a group although ``run`` is its only eagerly registered command.
+    pass
+
+
+@app.command()
+def run(
+    trace: Annotated[Path, typer.Argument(help="Request trace: schedsim CSV/Parquet, Azure LLM 2023 CSV or Mooncake JSONL.")],
+    policy: o.Policy = "dynamic",
+    profile: Annotated[Optional[Path], typer.Option(help="Cost table CSV (default: the bundled H200 BERT-base profile).")] = None,
+    max_batch_size: o.MaxBatchSize = None,
+    preferred_batch_size: o.PreferredBatchSize = None,
+    max_queue_delay_us: o.MaxQueueDelayUs = None,
+    prefetch: o.Prefetch = None,
+    priority_levels: o.PriorityLevels = None,
+    default_priority_level: o.DefaultPriorityLevel = None,
+    max_queue_size: o.MaxQueueSize = None,
+    default_timeout_us: o.DefaultTimeoutUs = None,
+    timeout_action: o.TimeoutAction = None,
+    allow_timeout_override: o.AllowTimeoutOverride = None,
+    preserve_ordering: o.PreserveOrdering = None,
+    batch_size: o.BatchSize = None,
+    max_wait_us: o.MaxWaitUs = None,
+    param: o.Param = [],
+    triton_config: o.TritonConfig = None,
+    instances: o.Instances = None,
+    replicas: Annotated[int, typer.Option(help="Replicas behind a router, each with its own policy and --instances instances.")] = 1,
+    router: Annotated[str, typer.Option(help="With --replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class.")] = "round-robin",
+    seed: Annotated[int, typer.Option(help="Seed for service-time draws.")] = 1,
+    replications: Annotated[int, typer.Option(help="Runs with seeds seed, seed+1, ...; reports means and 95% CIs.")] = 1,
+    warmup_s: o.WarmupS = 0.0,
+    rate_scale: o.RateScale = 1.0,
+    spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
+    extrapolate: Annotated[bool, typer.Option(help="Allow batch sizes outside the profile's measured range.")] = False,
+    dispatch_overhead_us: Annotated[Optional[float], typer.Option(help="One constant per-batch host overhead (default: the profile's measured value and, where it has one, its per-sample term).")] = None,
+    wake_overhead_us: Annotated[Optional[float], typer.Option(help="One constant extra cost of a batch that wakes an idle serving loop (default: the profile's wake-up curve by idle time, else its constant, else 0).")] = None,
+    power_cap: Annotated[bool, typer.Option(help="Follow the profile's power_cap: a power-capped GPU runs batches slower after a spell of heavy ones (--no-power-cap: every batch at the profile loop's clock).")] = True,
+    contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
+    out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
+    plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
+    json_output: o.JsonOutput = False,
+    model_spec: o.ModelSpec = None,
+    num_gpu_blocks: o.NumGpuBlocks = None,
+    gpu_memory_gb: o.GpuMemoryGb = None,
+    gpu_memory_utilization: o.GpuMemoryUtilization = None,
+    block_size: o.BlockSize = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxNumBatchedTokens = None,
+    enable_prefix_caching: o.EnablePrefixCaching = None,
+    preemption_mode: o.PreemptionMode = None,
+    swap_space_gb: o.SwapSpaceGb = None,
+    watermark: o.Watermark = None,
+    long_prefill_token_threshold: o.LongPrefillTokenThreshold = None,
+    max_model_len: o.MaxModelLen = None,
+    reservation: o.Reservation = None,
+    slo_ttft_ms: o.SloTtftMs = None,
+    slo_tpot_ms: o.SloTpotMs = None,
+    slo_e2e_ms: o.SloE2eMs = None,
+):
+    """Replay TRACE against a batching policy and report latency, throughput and batching.
+
+    LLM policies (continuous, paged-kv, static on a trace with token columns) report
+    TTFT, TPOT, ITL and end-to-end latency, token throughput and KV use instead.
+    """
+    from schedsim.run.runner import RunSpec, execute
+
+    params = o.policy_params(
+        max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,
+        max_queue_delay_us=max_queue_delay_us, prefetch=prefetch, priority_levels=priority_levels,
+        default_priority_level=default_priority_level, max_queue_size=max_queue_size,
+        default_timeout_us=default_timeout_us, timeout_action=timeout_action,
+        allow_timeout_override=allow_timeout_override, preserve_ordering=preserve_ordering,
+        batch_size=batch_size, max_wait_us=max_wait_us, param=param)
+    spec = RunSpec(
+        trace=trace, policy=policy, params=params,
+        profile=profile, triton_config=triton_config, instances=instances, seed=seed,
+        replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
+        extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
+        wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
+        out=out, plot=plot, replicas=replicas, router=router)
+    llm = o.llm_options(locals())
+    outcome = execute(spec, llm)
+    if json_output:
+        o.print_json(outcome.summary)
+    elif "ttft_p50_ms" in outcome.summary:
+        from schedsim.cli.llm_summary import print_llm_summary
+
+        print_llm_summary(outcome)
+    else:
+        print_summary(outcome)
+
+
+def print_summary(outcome) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = outcome.summary
+    console.print(f"[bold]{outcome.title}[/bold]")
+
+    def fmt(key, unit="", digits=3):
+        return o.fmt_metric(s, key, digits, unit)
+
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("completed", fmt("completed", digits=0)), ("rejected", fmt("rejected", digits=0)),
+        ("throughput (req/s)", fmt("throughput_rps", digits=1)),
+        ("latency p50 (ms)", fmt("p50_ms")), ("latency p90 (ms)", fmt("p90_ms")),
+        ("latency p95 (ms)", fmt("p95_ms")), ("latency p99 (ms)", fmt("p99_ms")),
+        ("latency p99.9 (ms)", fmt("p999_ms")), ("latency mean (ms)", fmt("mean_ms")),
+        ("mean queue delay (ms)", fmt("mean_queue_ms")),
+        ("mean batch size (samples)", fmt("mean_batch_size", digits=2)),
+    ]
+    if s.get("unfinished"):
+        rows.insert(2, ("unfinished", fmt("unfinished", digits=0)))
+    for name, value in rows:
+        table.add_row(name, value)
+    util = s.get("utilization") or []
+    table.add_row("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-")
+    if s.get("replications", 1) > 1:
+        table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
+    console.print(table)
+    hist = s.get("batch_size_histogram") or {}
+    if hist:
+        total = sum(hist.values())
+        top = sorted(hist.items(), key=lambda kv: -kv[1])[:8]
+        console.print("batch sizes (share of batches): " + ", ".join(
+            f"{size}: {count / total:.1%}" for size, count in sorted(top)))
+    for path in outcome.written:
+        console.print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:
+            # Run as the program (the installed script passes no argv), the process exits
+            # next: freezing every object spares the interpreter's final full collection
+            # over all imported modules' objects (about 45 ms of a `schedsim run`).
+            gc.freeze()
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except InputError as exc:
+        print(f"schedsim: error: {exc}", file=sys.stderr)
+        return 2
+    except typer.TyperException as exc:  # usage errors (exit 2) and other click errors
+        message = " ".join(exc.format_message().split())
+        print(f"schedsim: error: {message}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        print("schedsim: aborted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    # Typer turns Ctrl-C into Exit(130) and, with standalone_mode=False, returns that code.
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Command-line options shared by ``schedsim run`` and ``schedsim live`` (``--cpu``: also ``profile``).
+
+Typer needs every parameter written out in each command's signature; declaring each
+policy flag once here keeps the two commands' names, help and parsing identical.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from schedsim.errors import InputError
+
+Policy = Annotated[str, typer.Option(
+    help="none, static, dynamic, or a user's policy as module:Class or path/file.py:Class")]
+MaxBatchSize = Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch.")]
+PreferredBatchSize = Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32.")]
+MaxQueueDelayUs = Annotated[Optional[int], typer.Option(
+    help="dynamic: how long the oldest request may wait for a better batch.")]
+Prefetch = Annotated[Optional[bool], typer.Option("--prefetch/--no-prefetch", help=(
+    "dynamic: form batches while instances are busy (Triton) or only when one is idle (default)."))]
+PriorityLevels = Annotated[Optional[int], typer.Option(help="dynamic: priority levels (1 is served first).")]
+DefaultPriorityLevel = Annotated[Optional[int], typer.Option(help="dynamic: level of requests with priority 0.")]
+MaxQueueSize = Annotated[Optional[int], typer.Option(help="dynamic: per-level queue limit; a full queue rejects.")]
+DefaultTimeoutUs = Annotated[Optional[int], typer.Option(help="dynamic: queue timeout per request.")]
+TimeoutAction = Annotated[Optional[str], typer.Option(help="dynamic: REJECT or DELAY.")]
+AllowTimeoutOverride = Annotated[Optional[bool], typer.Option(
+    "--allow-timeout-override/--no-timeout-override",
+    help="dynamic: a request's timeout_us replaces the default when shorter.")]
+PreserveOrdering = Annotated[Optional[bool], typer.Option(
+    "--preserve-ordering/--no-preserve-ordering", help="dynamic: responses leave in dispatch order.")]
+BatchSize = Annotated[Optional[int], typer.Option(help="static: requests per batch.")]
+MaxWaitUs = Annotated[Optional[int], typer.Option(
+    help="static: send a partial batch once its oldest request waited this long.")]
+Param = Annotated[list[str], typer.Option(
+    help="Extra policy parameter key=value (repeatable), for users' policies.")]
+TritonConfig = Annotated[Optional[Path], typer.Option(
+    help="Take dynamic-batcher settings from a Triton config.pbtxt; flags override.")]
+Instances = Annotated[Optional[int], typer.Option(help="Model instances serving in parallel (default 1).")]
+WarmupS = Annotated[float, typer.Option(help="Leave out requests arriving before this time.")]
+RateScale = Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
+Cpu = Annotated[Optional[str], typer.Option(
+    help="Pin the process before the engine starts: to a CPU number, or auto (the fastest by a "
+         "short probe; a live run takes one per instance plus one for the load generator). "
+         "Default: not pinned. Recorded as cpu_pinning in the machine metadata.")]
+
+
+def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """``8,16,32`` (or ``8/16/32``) as a tuple; ``none`` or empty as ()."""
+    if text is None:
+        return None
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(v) for v in text.replace("/", ",").split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
+
+
+def key_values(pairs: list[str]) -> dict:
+    """``--param key=value`` for users' policies; values parsed as int, float, bool or text."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--param: {pair!r} is not key=value")
+        for convert in (int, float):
+            try:
+                out[key.strip()] = convert(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
+def policy_params(*, preferred_batch_size, param, **flags) -> dict:
+    """The policy parameters the user gave (flags left unset are not passed on)."""
+    given = dict(flags, preferred_batch_sizes=int_list(preferred_batch_size, "--preferred-batch-size"))
+    return {k: v for k, v in given.items() if v is not None} | key_values(param)
+
+
+def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
+    """A summary value for a table: thousands separators, and its 95% CI when replicated."""
+    v = summary.get(key)
+    if v is None:
+        return "-"
+    text = f"{v:,.{digits}f}{unit}" if isinstance(v, float) else f"{v:,}{unit}"
+    ci = summary.get(f"{key}_ci")
+    if ci:
+        text += f"  [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"
+    return text
+
+
+def print_json(summary: dict) -> None:
+    from schedsim.files import json_safe
+
+    print(json.dumps(json_safe(summary), indent=2, sort_keys=True))
+
+
+# --- LLM policies (continuous, paged-kv, static on token traces); vLLM's names -------------
+ModelSpec = Annotated[Optional[str], typer.Option(
+    help="LLM: model spec name (llama-1b default, llama-3-8b, ...) or a JSON / HF config.json file.")]
+NumGpuBlocks = Annotated[Optional[int], typer.Option(help="LLM: KV blocks on the GPU (instead of --gpu-memory-gb).")]
+GpuMemoryGb = Annotated[Optional[float], typer.Option(
+    help="LLM: GPU memory to derive KV blocks from, as vLLM does (default 141, an H200).")]
+GpuMemoryUtilization = Annotated[Optional[float], typer.Option(help="LLM: share of GPU memory vLLM may use (0.9).")]
+BlockSize = Annotated[Optional[int], typer.Option(help="LLM: tokens per KV block (16).")]
+MaxNumSeqs = Annotated[Optional[int], typer.Option(help="LLM: most requests running at once (256).")]
+MaxNumBatchedTokens = Annotated[Optional[int], typer.Option(help="paged-kv: token budget per step (8192).")]
+EnablePrefixCaching = Annotated[Optional[bool], typer.Option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", help="paged-kv: reuse cached full KV blocks of shared prefixes.")]
+PreemptionMode = Annotated[Optional[str], typer.Option(help="paged-kv: recompute (vLLM v1) or swap (vLLM v0).")]
+SwapSpaceGb = Annotated[Optional[float], typer.Option(help="paged-kv swap: host swap space in GiB (4).")]
+Watermark = Annotated[Optional[float], typer.Option(
+    help="paged-kv: share of GPU blocks admissions leave free (0.01 with swap, as vLLM v0; else 0).")]
+LongPrefillTokenThreshold = Annotated[Optional[int], typer.Option(
+    help="paged-kv: most prompt tokens one request computes per step (0 = no limit).")]
+MaxModelLen = Annotated[Optional[int], typer.Option(help="LLM: longest prompt + output (default: the model spec's).")]
+Reservation = Annotated[Optional[str], typer.Option(
+    help="continuous/static LLM: KV reserved per request: max, pow2 or oracle.")]
+SloTtftMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-to-first-token SLO.")]
+SloTpotMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-per-output-token SLO.")]
+SloE2eMs = Annotated[Optional[float], typer.Option(help="LLM goodput: end-to-end latency SLO.")]
+
+
+def llm_params(**flags) -> dict:
+    """The LLM policy parameters the user gave (unset flags are not passed on)."""
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+LLM_FLAGS = ("model_spec", "num_gpu_blocks", "gpu_memory_gb", "gpu_memory_utilization", "block_size",
+             "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "preemption_mode",
+             "swap_space_gb", "watermark", "long_prefill_token_threshold", "max_model_len", "reservation")
+"""The LLM policy flags ``run`` and ``live`` share (each command declares all of them)."""
+
+
+def llm_options(values: dict):
+    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.run.llm_runner.LLMOptions`,
+    from a command's arguments (its ``locals()``): :data:`LLM_FLAGS` and the SLOs."""
+    from schedsim.run.llm_runner import LLMOptions
+
+    return LLMOptions(slo_ttft_ms=values["slo_ttft_ms"], slo_tpot_ms=values["slo_tpot_ms"],
+                      slo_e2e_ms=values["slo_e2e_ms"], params=llm_params(**{k: values[k] for k in LLM_FLAGS}))

@@ -1,0 +1,109 @@
+"""The LLM policy interface: a policy decides one engine step at a time.
+
+As vLLM's scheduler exposes ``schedule()`` and ``update_from_output()`` and never calls
+the model, an LLM policy answers "run this :class:`Step`" and is told when it ran. It
+owns each request's progress (tokens computed, tokens generated, KV blocks); the driver
+owns time and measurement. The same object runs in the simulator
+(:mod:`schedsim.core.llm_simulate`) and, later, against a live engine.
+
+Hooks, called by a driver in this order at each step boundary:
+
+``reset(requests)``
+    once: read-only request columns (prompt and output tokens, prefix keys).
+``on_arrivals(now_ns, first, stop)``
+    rows ``first .. stop-1`` arrived (all at or before ``now_ns``).
+``schedule(now_ns) -> Step``
+    the next step; one with no rows means "nothing to run until something arrives".
+``on_step_done(now_ns, step, repeats)``
+    the step ran ``repeats`` times back to back (see :attr:`Step.repeat`) and ended at ``now_ns``.
+
+A token is *emitted* by a row in a step whose computed tokens reach all the tokens the
+request knows (prompt plus tokens generated so far); the request finishes when it has
+emitted its ``output_tokens``. Times are integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schedsim.core.policy import Reject, Requests
+
+SMALL = 48
+"""Below this many values, Python on ``tolist()`` beats numpy: a numpy call costs ~1 us
+whatever its size, and a simulated step often has a handful of rows."""
+
+EMPTY_ROWS = np.empty(0, dtype=np.int64)
+EMPTY_TOKENS = np.empty(0, dtype=np.int32)
+
+
+@dataclass(eq=False, slots=True)
+class Step:
+    """One forward pass: which requests, how many tokens each, over how much context."""
+
+    rows: np.ndarray = field(default_factory=lambda: EMPTY_ROWS)
+    """int64 request rows in the step, in execution order."""
+    num_tokens: np.ndarray = field(default_factory=lambda: EMPTY_TOKENS)
+    """int32 tokens computed for each row this step: a prefill chunk, or 1 when decoding."""
+    context: np.ndarray = field(default_factory=lambda: EMPTY_TOKENS)
+    """int32 tokens already in each row's KV cache before this step (what its tokens attend over)."""
+    emits: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    """bool: the row emits an output token at the end of this step (False for a prefill chunk
+    short of the prompt's end, and for a finished row kept as padding by a static batch)."""
+    repeat: int = 1
+    """For a decode-only step: the policy would schedule the same rows, one token each, the
+    same rows emitting, for ``repeat`` consecutive steps if nothing arrived in between. A
+    driver that knows the next arrival may run up to that many at once (``repeats``); the
+    live driver runs one. Contexts grow by one token per repeat."""
+    rejects: list[Reject] = field(default_factory=list)
+    """Requests refused now (e.g. longer than the model's maximum length)."""
+    preempted: np.ndarray = field(default_factory=lambda: EMPTY_ROWS)
+    """Rows preempted while forming this step (recompute or swap), in preemption order."""
+    swap_out_blocks: int = 0
+    """KV blocks copied to host memory before this step (swap preemption)."""
+    swap_in_blocks: int = 0
+    """KV blocks copied back from host memory before this step."""
+    kv_blocks_used: int = 0
+    """GPU KV blocks held by requests once this step's blocks are allocated."""
+    waiting: int = 0
+    """Requests waiting (arrived, not running) after this step was formed."""
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def decode_only(self) -> bool:
+        return bool(len(self)) and bool((self.num_tokens == 1).all())
+
+
+def int_max(a: np.ndarray) -> int:
+    """The largest value of a non-empty integer array, as a Python int (fast on short ones)."""
+    return max(a.tolist()) if a.shape[0] < SMALL else int(a.max())
+
+
+class LLMPolicy:
+    """Base class of iteration-level policies; subclasses implement ``schedule`` and ``on_step_done``.
+
+    A user's own LLM policy subclasses this and is loaded like any policy
+    (``--policy path/file.py:MyPolicy``); a driver tells the two kinds apart by ``llm = True``.
+    """
+
+    name = "llm-policy"
+    llm = True
+
+    def reset(self, requests: Requests) -> None:
+        self.requests = requests
+
+    def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
+        pass
+
+    def schedule(self, now_ns: int) -> Step:
+        raise NotImplementedError
+
+    def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        """Counters for the summary (preemptions, prefix-cache hits, ...)."""
+        return {}

@@ -1,0 +1,135 @@
+"""The result of an LLM run: per-request token times and the step log.
+
+Both LLM drivers (the simulator and the live engine runner) fill this table; the
+metrics in :mod:`schedsim.core.llm_metrics` are vector expressions over it. Row = request
+everywhere; -1 means "did not happen".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schedsim.core.policy import Requests
+
+
+@dataclass(eq=False)
+class LLMResult:
+    requests: Requests
+    status: np.ndarray
+    """int8 status codes of :mod:`schedsim.core.results` (COMPLETED, REJECTED_TOO_LONG, ...)."""
+    scheduled_ns: np.ndarray
+    """int64 when the request first ran in a step (its queueing ends), -1 if never."""
+    first_token_ns: np.ndarray
+    """int64 when its first output token was emitted, -1 if never."""
+    end_ns: np.ndarray
+    """int64 when its last output token was emitted (or when it was rejected), -1 if neither."""
+    tokens_out: np.ndarray
+    """int32 output tokens emitted."""
+    preemptions: np.ndarray
+    """int32 times the request was preempted."""
+    prefix_hit_tokens: np.ndarray
+    """int32 prompt tokens found in the prefix cache when it was (first) admitted."""
+    itl_ns: np.ndarray
+    """int64 inter-token gaps pooled over all requests (vLLM's ITL), as distinct values ..."""
+    itl_count: np.ndarray
+    """int64 ... each with how many gaps had that value (a step repeated k times for n
+    requests contributes its duration n*(k-1) times)."""
+    step_start_ns: np.ndarray
+    """int64 start of each step record (a record may stand for several identical decode steps)."""
+    step_end_ns: np.ndarray
+    step_repeats: np.ndarray
+    """int32 identical back-to-back steps in the record."""
+    step_seqs: np.ndarray
+    """int32 requests in the step."""
+    step_tokens: np.ndarray
+    """int32 tokens computed per step (prefill chunks plus decodes)."""
+    step_prefill_tokens: np.ndarray
+    """int32 of those tokens, the ones in prefill chunks (rows computing more than one token)."""
+    step_kv_blocks: np.ndarray
+    """int32 GPU KV blocks in use during the step (at the record's last step)."""
+    step_waiting: np.ndarray
+    """int32 requests waiting when the step was formed."""
+    step_preempted: np.ndarray
+    """int32 requests preempted while forming the step."""
+    kv_blocks_total: int
+    """GPU KV blocks the policy manages (0 when it does not page)."""
+    seed: int = 0
+    stats: dict = field(default_factory=dict)
+    """The policy's counters (``LLMPolicy.stats()``): preemptions, prefix-cache lookups, ..."""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class TokenTimes:
+    """What both LLM drivers derive from their step log, per request (-1: never)."""
+
+    first_seen: np.ndarray
+    """Index of the first step record the request took part in."""
+    last_seen: np.ndarray
+    """Index of the last one."""
+    scheduled_ns: np.ndarray
+    first_token_ns: np.ndarray
+    last_token_ns: np.ndarray
+    last_emit_rec: np.ndarray
+    """Index of the record in which it emitted its last token."""
+    tokens_out: np.ndarray
+    gaps_ns: np.ndarray
+    """Inter-token gaps into the first step of each record, pooled (later steps of a
+    repeated record add their own durations; the driver knows those)."""
+    gap_rows: np.ndarray
+    """The request of each entry of ``gaps_ns`` (to leave warm-up requests out)."""
+
+
+def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, start: np.ndarray,
+                first_end: np.ndarray, end: np.ndarray, repeats: np.ndarray) -> TokenTimes:
+    """Per-request token times from a step log: ``rows``/``emits`` of every record
+    concatenated, ``rec`` the record of each entry; per record its ``start``, the end of
+    its first step (``first_end``), its ``end`` and how many identical steps it stands for."""
+    first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    uniq, idx = np.unique(rows, return_index=True)
+    first_seen[uniq] = rec[idx]
+    uniq, idx = np.unique(rows[::-1], return_index=True)
+    last_seen[uniq] = rec[rows.size - 1 - idx]
+    scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
+
+    # Emitted tokens, sorted by request then time.
+    er, erec = rows[emits], rec[emits]
+    order = np.lexsort((erec, er))
+    er, erec = er[order], erec[order]
+    tokens_out = np.bincount(er, weights=repeats[erec], minlength=n).astype(np.int64)
+    first_of_row = np.ones(er.size, bool)
+    first_of_row[1:] = er[1:] != er[:-1]
+    last_of_row = np.ones(er.size, bool)
+    last_of_row[:-1] = first_of_row[1:]
+    first_token_ns = np.full(n, -1, np.int64)
+    first_token_ns[er[first_of_row]] = first_end[erec[first_of_row]]
+    last_token_ns = np.full(n, -1, np.int64)
+    last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
+    last_emit_rec = np.full(n, -1, np.int64)
+    last_emit_rec[er[last_of_row]] = erec[last_of_row]
+    later = ~first_of_row
+    prev = np.concatenate([[0], erec[:-1]]).astype(np.int64)
+    gaps_ns = (first_end[erec[later]] - end[prev[later]]).astype(np.int64)
+    return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
+                      tokens_out, gaps_ns, er[later])
+
+
+def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:
+    """Mark ``reject.rows`` rejected at ``now``, after checking the policy only rejects waiting rows."""
+    from schedsim.core.results import QUEUED, REJECT_STATUS, PolicyError
+
+    rows = np.asarray(reject.rows, dtype=np.int64)
+    if rows.size and (rows.max() >= delivered or (status[rows] != QUEUED).any()):
+        raise PolicyError(f"{type(policy).__name__} rejected rows that are not waiting")
+    status[rows] = REJECT_STATUS.get(reject.reason, REJECT_STATUS["queue_full"])
+    end_ns[rows] = now
+
+
+def step_token_sums(tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, prefill tokens) of each step record, from its rows' tokens concatenated."""
+    if not sizes.size:
+        return tokens, tokens
+    starts = np.cumsum(sizes) - sizes
+    return np.add.reduceat(tokens, starts), np.add.reduceat(np.where(tokens > 1, tokens, 0), starts)

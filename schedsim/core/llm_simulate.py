@@ -1,0 +1,267 @@
+"""The simpy driver for LLM policies: one engine running one step after another.
+
+Each step is one event: at its end the driver records the tokens it emitted, tells the
+policy, delivers the requests that arrived meanwhile and asks for the next step. An idle
+engine sleeps until the next arrival.
+
+A decode-only step the policy marks repeatable (:attr:`Step.repeat`) is run as up to
+that many identical steps in one event, stopping at the step during which the next
+request arrives: the policy would have decided the same steps one by one, so the result
+is the same, and a busy engine costs one event per arrival or finish instead of one per
+token. Times are integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import simpy
+
+from schedsim.core.events import COMPLETION, DECISION, Scheduled
+from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
+from schedsim.core.llm_policy import Step, int_max
+from schedsim.core.policy import NEVER, Requests
+from schedsim.core.results import COMPLETED, QUEUED, RUNNING, PolicyError
+
+
+def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0, itl_from_ns: int = 0) -> LLMResult:
+    """Replay ``requests`` against the LLM ``policy`` on one engine priced by ``cost``.
+
+    ``itl_from_ns``: requests arriving before it (the warm-up) add no inter-token gaps to
+    the pooled ITL, as they count in no other metric."""
+    return _Driver(requests, policy, cost, seed, itl_from_ns).run()
+
+
+class _Driver:
+    def __init__(self, requests: Requests, policy, cost, seed: int, itl_from_ns: int = 0):
+        n = len(requests)
+        self.req, self.policy, self.cost, self.seed = requests, policy, cost, seed
+        self.itl_from_ns = int(itl_from_ns)
+        self.env = simpy.Environment()
+        # Prices a repeated decode run-length encoded, where the cost model can (StepCostModel).
+        self.decode_run_segments = getattr(cost, "decode_run_segments", None)
+        begin = getattr(cost, "begin_run", None)
+        if begin is not None:   # a cost model with state across steps (first calls) starts afresh
+            begin()
+        self.n = n
+        self.arrival_ns = requests.arrival_ns
+        self.output_tokens = requests.output_tokens.astype(np.int64)
+        self.status = np.full(n, QUEUED, dtype=np.int8)   # rejections; the rest at the end
+        self.end_ns = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.holds_responses = bool(getattr(policy, "holds_responses", False))
+        self.delivered = 0
+        self.arrivals = self.arrival_ns.tolist() + [NEVER]   # scanned from `delivered`: the sentinel ends a scan
+        self.next_arrival_ns = self.arrivals[0]
+        # Per event: (start, end, end of its first step, repeats, rows, kv_blocks_used,
+        # waiting, rows preempted) and its step's columns; the durations of repeated events.
+        self.log: list[tuple] = []
+        self.columns = _Columns()
+        # Durations of the 2nd and later steps of each repeated event (its inter-token gaps),
+        # run-length encoded in event order: price i repeats run_counts[i] times.
+        self.run_prices: list[int] = []
+        self.run_counts: list[int] = []
+        self.in_flight: tuple[int, Step] | None = None   # (repeats, step) of the running event
+        self.sleeping = False
+
+    def run(self) -> LLMResult:
+        self.policy.reset(self.req)
+        if self.n:
+            Scheduled(self.env, int(self.arrival_ns[0]), DECISION, self._on_wake)
+        # A run allocates millions of small containers that die young, and makes almost no
+        # reference cycles: the cyclic collector's passes over the growing log and policy
+        # state would cost ~10% of the run. Anything cyclic is collected once it is over.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+            return self._result()
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    # --- events ----------------------------------------------------------------------------
+
+    def _on_wake(self, _event) -> None:
+        self.sleeping = False
+        self._next_step(self.env.now)
+
+    def _on_step_end(self, _event) -> None:
+        now = self.env.now
+        repeats, step = self.in_flight
+        self.policy.on_step_done(now, step, repeats)
+        self._next_step(now)
+
+    def _next_step(self, now: int) -> None:
+        if self.next_arrival_ns <= now:
+            arrivals, first = self.arrivals, self.delivered
+            stop = first + 1
+            while arrivals[stop] <= now:   # mostly one arrival: cheaper than a searchsorted
+                stop += 1
+            self.delivered, self.next_arrival_ns = stop, arrivals[stop]
+            self.policy.on_arrivals(now, first, stop)
+        step = self.policy.schedule(now)
+        if type(step) is not Step and not isinstance(step, Step):
+            raise PolicyError(f"{type(self.policy).__name__}.schedule returned {step!r}, not a Step")
+        if step.rejects:
+            for reject in step.rejects:
+                apply_reject(self.policy, self.status, self.end_ns, self.delivered, now, reject)
+        rows = step.rows
+        if not rows.shape[0]:
+            if self.next_arrival_ns < NEVER and not self.sleeping:
+                self.sleeping = True   # idle until something arrives
+                Scheduled(self.env, self.next_arrival_ns - now, DECISION, self._on_wake)
+            return
+        if not (step.num_tokens.shape == step.context.shape == step.emits.shape == rows.shape):
+            raise PolicyError(f"{type(self.policy).__name__} returned a Step whose columns differ in length")
+        if int_max(rows) >= self.delivered:
+            raise PolicyError(f"{type(self.policy).__name__} scheduled rows that have not arrived: "
+                              f"{rows[rows >= self.delivered][:8].tolist()}")
+        if step.preempted.shape[0]:
+            self.preemptions[step.preempted] += 1
+        repeat = step.repeat
+        if repeat > 1:
+            if int_max(step.num_tokens) != 1:
+                raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
+                                  f"not decode-only")
+            repeats = int(repeat)
+            if self.decode_run_segments is not None:
+                counts, prices = self.decode_run_segments(step.context, repeats)
+            else:   # a cost model with only the array form
+                prices = self.cost.decode_run_ns(step.context, repeats).tolist()
+                counts = [1] * repeats
+            price = prices[0]
+            if len(prices) == 1 and price > 0:
+                # One price (most runs): where the run stops is a division, not an array.
+                if self.next_arrival_ns < NEVER:
+                    # Stop after the step during which the next request arrives: the one
+                    # after it is decided with that request in view.
+                    repeats = min((self.next_arrival_ns - now - 1) // price + 1, repeats)
+                total = price * repeats
+                if repeats > 1:
+                    self.run_prices.append(price)
+                    self.run_counts.append(repeats - 1)
+            else:
+                repeats, total = self._walk_segments(counts, prices, now)
+            first_end = now + price
+        else:
+            repeats = 1
+            total = first_end = int(self.cost.step_ns(step.num_tokens, step.context,
+                                                      step.swap_out_blocks + step.swap_in_blocks))
+            first_end += now
+        # Token times are worked out from this log once the run is over (_result).
+        self.log.append((now, now + total, first_end, repeats, rows.shape[0], step.kv_blocks_used,
+                         step.waiting, step.preempted.shape[0]))
+        self.columns.add(step)
+        self.in_flight = (repeats, step)
+        Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
+
+    def _walk_segments(self, counts: list, prices: list, now: int) -> tuple[int, int]:
+        """A run of several prices (a handful of segments): where it stops (after the step
+        during which the next request arrives) and its total, walked in plain Python; records
+        the gaps after its first step."""
+        limit = self.next_arrival_ns - now if self.next_arrival_ns < NEVER else None
+        taken = total = 0
+        first = len(self.run_prices)
+        for c, p in zip(counts, prices):
+            stop = limit is not None and total + c * p >= limit
+            if stop:   # the first step of this segment ending at or after limit (at least one)
+                c = max(1, (limit - total + p - 1) // p) if p > 0 else 1
+            self.run_prices.append(p)
+            self.run_counts.append(c)
+            taken += c
+            total += c * p
+            if stop:
+                break
+        self.run_counts[first] -= 1                # the first step's gap is not a repeat's
+        return taken, total
+
+    def _result(self) -> LLMResult:
+        n, name = self.n, type(self.policy).__name__
+        nsteps = len(self.log)
+        start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
+            np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
+        rec = np.repeat(np.arange(nsteps), sizes)
+        rows, tokens, emits = self.columns.arrays()
+        tokens = tokens.astype(np.int64)
+
+        t = token_times(n, rows, rec, emits, start, first_end, end, repeats)
+        first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
+        # Inter-token gaps: from a request's previous token to the first step of each record,
+        # then each later step of a repeated record, once per request emitting in it.
+        measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
+        gaps = t.gaps_ns[measured[t.gap_rows]]
+        emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
+        multi = np.flatnonzero(repeats > 1)
+        values = [gaps, np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))]
+        counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
+        itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts).astype(np.int64)
+        keep = itl_count > 0
+        itl_ns, itl_count = itl_ns[keep], itl_count[keep]
+
+        output = self.output_tokens
+        if (tokens_out > output).any():
+            raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
+                              f"rows {np.flatnonzero(tokens_out > output)[:8].tolist()}")
+        done = (tokens_out == output) & (output > 0)
+        if not self.holds_responses and (last_seen[done] > t.last_emit_rec[done]).any():
+            raise PolicyError(f"{name} scheduled a request after it had emitted all its tokens")
+        status = self.status
+        rejected = status > COMPLETED
+        if (rejected & (first_seen >= 0)).any():
+            raise PolicyError(f"{name} ran a request it had rejected")
+        status[(first_seen >= 0) & ~done] = RUNNING
+        status[done] = COMPLETED
+        end_ns = self.end_ns
+        # A static batch answers its members together, at the end of its last step.
+        finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
+        end_ns[done] = finish[done]
+
+        tok, pre = step_token_sums(tokens, sizes)
+        stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
+        hits = stats.pop("prefix_hit_tokens_per_request", None)
+        return LLMResult(
+            requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
+            first_token_ns=t.first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),
+            preemptions=self.preemptions,
+            prefix_hit_tokens=(np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)),
+            itl_ns=itl_ns, itl_count=itl_count,
+            step_start_ns=start, step_end_ns=end, step_repeats=repeats.astype(np.int32),
+            step_seqs=sizes.astype(np.int32), step_tokens=tok.astype(np.int32),
+            step_prefill_tokens=pre.astype(np.int32),
+            step_kv_blocks=kv_blocks.astype(np.int32), step_waiting=waiting.astype(np.int32),
+            step_preempted=preempted.astype(np.int32),
+            kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=self.seed,
+            stats=stats)
+
+
+class _Columns:
+    """``rows``, ``num_tokens`` and ``emits`` of every event's step, concatenated a chunk
+    of events at a time while the arrays are fresh in memory: one concatenation of tens of
+    thousands of small arrays spread over the heap at the end is several times slower."""
+
+    CHUNK = 1024
+
+    def __init__(self):
+        self.pending: tuple[list, list, list] = ([], [], [])
+        self.chunks: tuple[list, list, list] = ([], [], [])
+
+    def add(self, step: Step) -> None:
+        rows, tokens, emits = self.pending
+        rows.append(step.rows)
+        tokens.append(step.num_tokens)
+        emits.append(step.emits)
+        if len(rows) == self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        for part, chunks in zip(self.pending, self.chunks):
+            if part:
+                chunks.append(np.concatenate(part))
+                part.clear()
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self._flush()
+        empty = (np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
+        return tuple(np.concatenate(chunks) if chunks else e for chunks, e in zip(self.chunks, empty))

@@ -1,0 +1,805 @@
+"""The live driver for LLM policies: one real engine step per policy step, on the host clock.
+
+The same policy objects as :mod:`schedsim.core.llm_simulate`, the same hooks in the same order
+(the step's end, then arrivals, then ``schedule``), but a step lasts whatever
+:class:`~schedsim.live.engines.llm_engine.PagedLLMEngine` takes to run it. The trace is replayed
+open loop: request ``i`` becomes visible at ``t0 + arrival_ns[i]`` by the wall clock and its
+latency counts from then (MLPerf LoadGen's rule, as :mod:`schedsim.live.driver`). One thread: the
+loop asks for a step, runs it, tells the policy; an idle engine sleeps until the next
+arrival (a timed sleep, then a short busy-wait). :attr:`Step.repeat` is ignored: the live
+driver runs one step per call (``repeats=1``).
+
+What the engine is given per row (:class:`~schedsim.live.engines.llm_engine.EngineRow`):
+
+- **tokens**: a seeded random prompt of the request's ``input_tokens`` (prompts the trace
+  describes by prefix-block hash ids, as Mooncake's, get the same tokens for the same id,
+  so a prefix-cache hit reads the KV of the same tokens), then the tokens the engine
+  generated greedily. Lengths come from the trace; nobody looks for EOS. A recomputed
+  (preempted) request simply prefills its prompt and generated tokens again.
+- **blocks**: a paging policy (``paged-kv``: it has a ``kv``
+  :class:`~policies.kv_cache.KVCacheManager`) owns the block tables; the driver reads them
+  with ``kv.blocks_of(row)`` after ``schedule``. When a step swaps requests out (``swap``
+  preemption), the driver copies the victims' blocks (their tables as of their last step;
+  a victim's table changes only in steps it runs in) to host memory before the step runs,
+  and copies them back into the new blocks when the request is scheduled again. A
+  reserving policy (``continuous``, LLM ``static``) holds no block tables: the driver keeps
+  a :class:`~policies.kv_cache.KVCacheManager` of its own, as large as the policy's KV
+  budget, allocates a request's blocks as its tokens are computed and frees them once it
+  is done and out of the step. A static batch's padding rows (done members still computed,
+  as FasterTransformer computes them) are decodes over their real context, as the simulator
+  prices them: the driver allocates the slots they write like any decode's and keeps their
+  blocks until the batch ends; only when the pool has no block left (a reservation smaller
+  than the batch's longest request) does a padding row write past its blocks into the null
+  block (``extra["padding_null_writes"]`` counts those row-steps).
+
+The result is the simulator's :class:`~schedsim.core.llm_results.LLMResult` (every step
+recorded with ``repeats=1``), so :mod:`schedsim.core.llm_metrics` and :mod:`schedsim.run.llm_report`
+work unchanged. ``extra`` holds the per-step engine timings (CUDA-event GPU time, host time
+around the engine call, time to form the step, swap copies) and their summaries.
+
+An engine error in a step fails that step's requests (status FAILED, the reason kept),
+and the run goes on: the policy is told the step ran (so its state stays consistent) and
+failed requests are left out of later engine calls. Ctrl-C, ``stop`` or ``time_limit_s``
+end the run early: the result then holds the requests scheduled so far, marked partial.
+
+Imports neither simpy nor pyarrow (the device image may have neither).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+
+import numpy as np
+
+from schedsim.live.loop_overhead import NullLLMEngine
+from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
+from schedsim.core.llm_policy import Step
+from schedsim.core.policy import NEVER, Requests
+from schedsim.core.results import COMPLETED, FAILED, QUEUED, RUNNING, PolicyError
+
+STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
+                "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "decode_kv_tokens", "graph",
+                "schedule_us", "swap_ms", "engine_ms", "gpu_ms", "host_ms", "status", "error")
+"""Columns of the live step table (DIR/live_steps.csv); times in s from the trace start.
+
+The step's composition, over the rows the engine ran (what the step cost model of
+:mod:`schedsim.cost.step_model` prices): ``n_rows``, ``tokens``; prefill rows (more than one
+token, ``q`` tokens over ``c`` cached): ``prefill_rows``, ``prefill_tokens`` (sum of q),
+``prefill_attention`` (sum of ``q * c + q * (q + 1) // 2``), ``prefill_context`` (sum of
+c); decodes: ``decode_rows``, ``decode_max_context`` (their longest c, -1 if none) and
+``decode_kv_tokens`` (the sum of their c + 1: the keys each attends over);
+``graph``: the engine replayed a CUDA graph.
+
+``schedule_us``: from the step's start (before ``schedule``) to the engine call (forming
+the step, block tables, swaps); ``engine_ms``: the engine call, wall; ``gpu_ms``: its CUDA
+events (NaN on the CPU); ``host_ms``: ``end - start - gpu``, everything in the step that
+is not GPU time."""
+
+
+class PromptTokens:
+    """Every request's token ids: a seeded prompt, then what the engine generates.
+
+    Token ``p`` of a prompt with prefix-block hash ids lies in hash block ``p //
+    hash_block_tokens`` and is drawn from a generator seeded by (seed, that id); other
+    prompt tokens come from one seeded by (seed, row). Buffers grow when a static batch's
+    padding rows compute past their output.
+    """
+
+    def __init__(self, requests: Requests, vocab: int, seed: int = 0):
+        self.req, self.vocab, self.seed = requests, int(vocab), int(seed)
+        self.buf: list[np.ndarray | None] = [None] * len(requests)
+        self.length = [0] * len(requests)
+
+    def _prompt(self, r: int) -> np.ndarray:
+        req = self.req
+        p, o = int(req.input_tokens[r]), int(req.output_tokens[r])
+        buf = np.empty(p + o + 1, np.int64)
+        lo = 1 if self.vocab > 2 else 0
+        filled = 0
+        if req.hash_ids is not None:
+            per = int(req.hash_block_tokens)
+            ids = req.hash_ids[req.hash_offsets[r]:req.hash_offsets[r + 1]].tolist()
+            for h in ids:
+                if filled >= p:
+                    break
+                k = min(per, p - filled)
+                g = np.random.default_rng([self.seed, 1, int(h) & 0x7FFFFFFFFFFFFFFF])
+                buf[filled:filled + k] = g.integers(lo, self.vocab, size=per)[:k]
+                filled += k
+        if filled < p:
+            g = np.random.default_rng([self.seed, 2, r])
+            buf[filled:p] = g.integers(lo, self.vocab, size=p - filled)
+        return buf
+
+    def get(self, r: int, start: int, n: int) -> np.ndarray:
+        buf = self.buf[r]
+        if buf is None:
+            buf = self.buf[r] = self._prompt(r)
+            self.length[r] = int(self.req.input_tokens[r])
+        if start + n > self.length[r]:
+            raise PolicyError(f"row {r}: a step computes tokens {start}..{start + n - 1}, but the "
+                              f"request has {self.length[r]} tokens so far")
+        return buf[start:start + n]
+
+    def append(self, r: int, token: int) -> None:
+        buf, n = self.buf[r], self.length[r]
+        if n == buf.shape[0]:
+            buf = self.buf[r] = np.concatenate([buf, np.empty(max(n // 2, 16), np.int64)])
+        buf[n] = token
+        self.length[r] = n + 1
+
+    def tokens(self, r: int) -> np.ndarray:
+        """All tokens of request ``r`` so far (prompt, then generated; a copy)."""
+        return self.buf[r][:self.length[r]].copy() if self.buf[r] is not None else np.empty(0, np.int64)
+
+
+def composition(ntok: list, ctx: list, live: list | None = None) -> tuple:
+    """(n_rows, tokens, prefill_rows, prefill_tokens, prefill_attention, prefill_context,
+    decode_rows, decode_max_context, decode_kv_tokens) of a step's rows ``live`` (all when None); see
+    :data:`STEP_COLUMNS`."""
+    idx = range(len(ntok)) if live is None else live
+    tokens = pre_rows = pre_tokens = attention = pre_ctx = dec = kv = 0
+    dmax = -1
+    for i in idx:
+        q, c = int(ntok[i]), int(ctx[i])
+        tokens += q
+        if q > 1:
+            pre_rows += 1
+            pre_tokens += q
+            attention += q * c + q * (q + 1) // 2
+            pre_ctx += c
+        else:
+            dec += 1
+            dmax = max(dmax, c)
+            kv += c + 1
+    return len(idx), tokens, pre_rows, pre_tokens, attention, pre_ctx, dec, dmax, kv
+
+
+def _stats(x) -> dict:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return {"n": 0}
+    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std()),
+            "p50": float(np.percentile(x, 50)), "p99": float(np.percentile(x, 99)),
+            "min": float(x.min()), "max": float(x.max()), "sum": float(x.sum())}
+
+
+def check_engine_for(policy, engine) -> None:
+    """ValueError when ``engine`` cannot serve ``policy``'s blocks (block size, pool size)."""
+    bs = getattr(policy, "block_size", None)
+    if bs is not None and int(bs) != engine.block_size:
+        raise ValueError(f"the policy's block size {bs} differs from the engine's {engine.block_size}")
+    budget = getattr(policy, "budget", None)
+    if budget is not None and budget.num_blocks > engine.num_blocks:
+        raise ValueError(f"the policy manages {budget.num_blocks} KV blocks, the engine holds "
+                         f"{engine.num_blocks}")
+
+
+def engine_context(requests: Requests, policy) -> int:
+    """The longest position the engine must cover for ``requests`` under ``policy``.
+
+    Over the requests the policy can accept (prompt + output within its max_model_len):
+    the longest prompt plus the longest output, plus one, since a static batch's padding
+    rows compute past their own output up to the batch's longest.
+    """
+    if not len(requests):
+        return 2
+    prompt = requests.input_tokens.astype(np.int64)
+    output = requests.output_tokens.astype(np.int64)
+    limit = getattr(getattr(policy, "budget", None), "max_model_len", None)
+    ok = prompt + output <= limit if limit else np.ones(prompt.shape, bool)
+    if not ok.any():
+        return 2
+    return int(prompt[ok].max() + output[ok].max() + 1)
+
+
+def prefill_lengths(top: int) -> list[int]:
+    """Chunk lengths the eager warm-up runs, longest first: a few short ones (2, 5, 9), then
+    for every power of two p from 16 up to ``top``: p, p + p/4 + 1 (odd) and p + p/2, and
+    ``top`` itself; all within 2..top."""
+    top = int(top)
+    out = {2, 5, 9, top}
+    p = 16
+    while p <= top:
+        out.update((p, p + p // 4 + 1, p + p // 2))
+        p *= 2
+    return sorted((n for n in out if 2 <= n <= top), reverse=True)
+
+
+def _spread(top: int, first: int) -> list[int]:
+    """first, 2 first, 4 first ... up to ``top`` (and ``top``); [] when top < 1."""
+    out, v = [], max(int(first), 1)
+    while v < top:
+        out.append(v)
+        v *= 2
+    return out + [int(top)] if top >= 1 else []
+
+
+DENSE_WARMUP_STEP = 16
+"""Token-count stride of the warm-up's dense sweep of short prefills (:func:`warm_eager`)."""
+DENSE_WARMUP_TOP = 2048
+"""Where the dense sweep stops: twice the 1,024 tokens up to which the fidelity table's
+launch-bound eager steps were priced low; a new count's first call cost 6.2 ms at the median
+up to 1,024 tokens and 3.0 ms above (experiments/fidelity-llm/first_call_distance.json)."""
+
+
+def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
+               budget_s: float = 30.0, dense: bool = True) -> dict:
+    """Run eager steps over a spread of shapes, so the replay does not pay first-call costs.
+
+    On a fresh engine the first eager step of a shape pays for kernel loading and
+    selection and for the allocator's growth (on the H200 a 389-token prefill took 66 ms
+    the first time, 8 ms later). For every chunk length of :func:`prefill_lengths` up to
+    ``prefill_tokens`` (longest first, so the allocator grows once; lengths beyond
+    ``max_context`` are split over several rows, as several prompts in one step), it runs: the chunk
+    alone over no cached context; the chunk over a cached context (a spread of lengths up to
+    ``max_context``, cycled); and a mixed step, the chunk (over no context or a cached one,
+    in turn) with some decodes (1, 2, 4 ... ``max_seqs``, cycled) over a spread of contexts.
+    Decode-only steps that run eagerly (more rows than the largest captured graph, or no
+    graphs) get a few shapes too. Then (``dense``, since session 7; live runs before it had no
+    such sweep, and their ``setup`` has no ``warmup_dense_steps``) every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
+    ``min(prefill_tokens, DENSE_WARMUP_TOP)`` not run yet, alone: the first steps of a new
+    token count early in a process cost the most (the GEMMs' kernels for a new M are chosen,
+    and loaded on first use), and the fidelity table's first cell, at light load, paid it
+    on its early prefills (`experiments/fidelity-llm/README.md`, session 7: eager steps of up
+    to 1,024 tokens at new counts priced 28-38% low in the cell's first third, between 14%
+    low and 12% high in its last). Every row reads and writes only the null block, so no
+    request's KV changes. Stops starting steps after ``budget_s``.
+    """
+    from schedsim.live.engines.llm_rows import NULL_BLOCK, EngineRow
+
+    t = time.perf_counter()
+    bs, cap = engine.block_size, min(int(max_context), engine.max_context)
+    top = max(2, int(prefill_tokens))
+    lengths = prefill_lengths(top) if cap >= 2 else []
+    contexts = _spread(cap - 2, bs)
+    seqs = _spread(max(int(max_seqs), 1), 1)
+    pool = max(engine.num_blocks, 1)
+
+    def row(n, c):
+        return EngineRow(np.ones(n, np.int64), c, [NULL_BLOCK] * -(-(c + n) // bs))
+
+    def chunk(n, c):
+        # Tokens beyond one row's reach (max_context) go to more rows (several prompts in a step).
+        if c + n <= cap:
+            return [row(n, c)]
+        k = -(-n // cap)
+        return [row(m, 0) for m in [n // k + (j < n % k) for j in range(k)] if m >= 2]
+
+    def decodes(d, i):
+        # Decode contexts cycle over the spread, kept to d rows x width <= the pool's blocks
+        # (the gather a real step of d decodes could reach).
+        c = contexts[(i * 3) % len(contexts)] if contexts else 0
+        c = max(0, min(c, cap - 1, (pool // d) * bs - 1))
+        return [row(1, c)] * d
+
+    steps, timed_out = 0, False
+    for i, n in enumerate(lengths):
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        c = min(contexts[i % len(contexts)], cap - n) if contexts else 0
+        batch = [chunk(n, 0)]
+        if c > 0:
+            batch.append([row(n, c)])
+        d = seqs[i % len(seqs)]
+        q = n - d if n - d >= 2 else n
+        pc = c if i % 2 and c > 0 and c + q <= cap else 0
+        batch.append(chunk(q, pc) + decodes(d, i))
+        for rows in batch:
+            engine.execute(rows)
+            steps += 1
+    graphs = getattr(engine, "cuda_graphs", False)
+    largest = engine.graph_batch_sizes[-1] if graphs else 0
+    eager_decode = [d for d in seqs if d > largest]
+    for i, d in enumerate(eager_decode[::-1][:4]):
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        engine.execute(decodes(d, i))
+        steps += 1
+    done = set(lengths)
+    swept = [n for n in range(DENSE_WARMUP_STEP, min(top, DENSE_WARMUP_TOP, cap) + 1, DENSE_WARMUP_STEP)
+             if dense and n not in done]
+    for n in swept:
+        if time.perf_counter() - t > budget_s:
+            timed_out = True
+            break
+        engine.execute(chunk(n, 0))
+        steps += 1
+    return {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": steps,
+            "warmup_prefill_lengths": len(lengths), "warmup_dense_steps": len(swept), "warmup_eager_cut": timed_out}
+
+
+class _CountingEngine(NullLLMEngine):
+    """A :class:`~schedsim.live.loop_overhead.NullLLMEngine` with captured graph sizes that
+    records each step's token count: what :func:`warm_eager` would run, run in no time."""
+
+    def __init__(self, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...]):
+        super().__init__(num_blocks, block_size, max_context)
+        self.graph_batch_sizes, self.cuda_graphs = tuple(graph_batch_sizes), bool(graph_batch_sizes)
+        self.counts: set[int] = set()
+
+    def execute(self, rows) -> np.ndarray:
+        self.counts.add(sum(len(r.tokens) for r in rows))
+        return super().execute(rows)
+
+
+def warm_token_counts(*, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...],
+                      max_seqs: int, prefill_tokens: int, dense: bool = True) -> frozenset[int]:
+    """Token counts of the eager steps :func:`warm_up` runs with these settings: what a live
+    run's engine has run before its clock starts, so the simulator charges no first call
+    for them (:attr:`schedsim.cost.step_model.StepCostModel.warm_tokens`). ``dense``: as
+    :func:`warm_eager`'s (False for a run recorded before the dense sweep existed)."""
+    engine = _CountingEngine(block_size, num_blocks, max_context, graph_batch_sizes)
+    warm_eager(engine, max_seqs=max_seqs, max_context=max_context, prefill_tokens=prefill_tokens,
+               budget_s=math.inf, dense=dense)
+    return frozenset(engine.counts)
+
+
+def live_warm_tokens(requests: Requests, policy, graph_batch_sizes: tuple[int, ...]) -> frozenset[int]:
+    """:func:`warm_token_counts` for what :func:`run_live_llm` warms up before replaying
+    ``requests`` under ``policy`` (its engine's own context limit aside)."""
+    budget = policy.budget
+    return warm_token_counts(block_size=budget.block_size, num_blocks=budget.num_blocks,
+                             max_context=engine_context(requests, policy), graph_batch_sizes=graph_batch_sizes,
+                             max_seqs=int(getattr(policy, "max_num_seqs", 256)),
+                             prefill_tokens=warmup_prefill_tokens(requests, policy))
+
+
+def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int, eager: bool = True) -> dict:
+    """Run (and capture) the shapes the run will use before the clock starts.
+
+    With ``eager``, :func:`warm_eager` (eager prefill and mixed steps over a spread of
+    shapes, up to ``prefill_tokens`` per chunk, ``max_context`` and ``max_seqs``); without,
+    one eager prefill of ``prefill_tokens`` tokens. Then, on CUDA with graphs, one decode
+    step at every captured batch size up to ``max_seqs`` and every graph width up to
+    ``max_context`` tokens whose batch x width fits the pool's blocks, largest first (the
+    graphs' shared memory pool grows once). Rows read and write only the null block.
+    Returns wall times (``engine_warmup_s`` in all, ``warmup_eager_s``) and shape counts.
+    """
+    from schedsim.live.engines.llm_rows import NULL_BLOCK, EngineRow
+    from schedsim.cost.llm_shapes import context_blocks, graph_batch
+
+    t = time.perf_counter()
+    bs = engine.block_size
+    if eager:
+        info = warm_eager(engine, max_seqs=max_seqs, max_context=max_context, prefill_tokens=prefill_tokens)
+    else:
+        n = max(1, min(int(prefill_tokens), engine.max_context))
+        engine.execute([EngineRow(np.ones(n, np.int64), 0, [NULL_BLOCK] * -(-n // bs))])
+        info = {"warmup_eager_s": time.perf_counter() - t, "warmup_eager_steps": 1}
+    engine.execute([EngineRow([1], 0, [NULL_BLOCK])])
+    shapes = 0
+    if getattr(engine, "cuda_graphs", False):
+        top = graph_batch(max(int(max_seqs), 1), engine.graph_batch_sizes) or engine.graph_batch_sizes[-1]
+        batches = [b for b in engine.graph_batch_sizes if b <= top]
+        widest = context_blocks(max(int(max_context), 1), bs)
+        widths, w = [], 16
+        while w <= widest:
+            widths.append(w)
+            w *= 2
+        for b in sorted(batches, reverse=True):
+            for w in sorted(widths, reverse=True):
+                # A context in (w/2, w] blocks pads to width w (w = 16 holds every shorter one).
+                ctx = 0 if w <= 16 else (w // 2) * bs
+                # Beyond the pool's tokens no step fits whole; a padded one is captured when met.
+                if ctx + 1 > engine.max_context or b * w > engine.num_blocks:
+                    continue
+                engine.execute([EngineRow([1], ctx, [NULL_BLOCK] * w)] * b)
+                shapes += 1
+    return {"engine_warmup_s": time.perf_counter() - t, "warmup_decode_shapes": shapes} | info
+
+
+def warmup_prefill_tokens(requests: Requests, policy) -> int:
+    """The most prefill tokens one step of ``policy`` can hold on ``requests``: its
+    ``max_num_batched_tokens`` when it has one, else (a policy that prefills whole prompts,
+    several in a step) the longest prompt it accepts, or the sum of its ``max_num_seqs``
+    longest up to 16,384 tokens if more."""
+    cap = getattr(policy, "max_num_batched_tokens", None)
+    if not len(requests):
+        return int(cap or 2)
+    prompt = requests.input_tokens.astype(np.int64)
+    limit = getattr(getattr(policy, "budget", None), "max_model_len", None)
+    ok = prompt + requests.output_tokens.astype(np.int64) <= limit if limit else np.ones(prompt.shape, bool)
+    if cap:
+        return int(cap)
+    if not ok.any():
+        return 2
+    top = np.sort(prompt[ok])[::-1][:max(int(getattr(policy, "max_num_seqs", 1)), 1)]
+    return int(max(top[0], min(int(top.sum()), 16384)))
+
+
+class _Driver:
+    def __init__(self, requests: Requests, policy, engine, *, seed: int, spin_ns: int, clock):
+        from policies.kv_cache import KVCacheManager
+
+        n = len(requests)
+        self.req, self.policy, self.engine, self.n = requests, policy, engine, n
+        self.clock, self.spin_ns = clock, int(spin_ns)
+        self.t0 = 0
+        self.arrival_ns = requests.arrival_ns
+        self.output = requests.output_tokens.astype(np.int64)
+        self.limit = (requests.input_tokens.astype(np.int64) + self.output).tolist()
+        self.status = np.full(n, QUEUED, dtype=np.int8)
+        self.end_ns = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.delivered_ns = np.full(n, -1, dtype=np.int64)
+        self.failed_ns = np.full(n, -1, dtype=np.int64)
+        self.failures: list[dict] = []
+        self.holds_responses = bool(getattr(policy, "holds_responses", False))
+        self.delivered = 0
+        self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER
+        self.tokens = PromptTokens(requests, engine.cfg.vocab, seed)
+        self.emitted = [0] * n
+        self.records: list[tuple[int, int, Step]] = []
+        self.timing: list[list] = []          # STEP_COLUMNS per record
+        self.lateness: list[int] = []         # ns late per timed wake-up for an arrival
+        kv = getattr(policy, "kv", None)
+        self.paged = isinstance(kv, KVCacheManager)
+        self.kv = kv if self.paged else KVCacheManager(
+            int(getattr(getattr(policy, "budget", None), "num_blocks", engine.num_blocks)),
+            engine.block_size)
+        self.last_table: dict[int, list[int]] = {}
+        self.handles: dict = {}               # row -> SwapHandle while swapped out
+        self.done_holding: set[int] = set()   # own blocks: done requests still holding blocks
+        self.padding_null_writes = 0          # padding rows' writes that fell into the null block
+        self.swaps = {"out_blocks": 0, "in_blocks": 0, "out_ms": 0.0, "in_ms": 0.0, "requests_swapped": 0}
+        self.swapped_rows: set[int] = set()
+
+    def now(self) -> int:
+        return self.clock() - self.t0
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self, deadline_ns: int, stop: threading.Event | None) -> str | None:
+        """Steps until the trace is done; returns why it stopped early, if it did."""
+        policy = self.policy
+        while True:
+            start = self.now()
+            if start >= deadline_ns:
+                return "time limit"
+            if stop is not None and stop.is_set():
+                return "stopped"
+            if self.next_arrival_ns <= start:
+                self._deliver(start)
+            step = policy.schedule(start)
+            if type(step) is not Step and not isinstance(step, Step):
+                raise PolicyError(f"{type(policy).__name__}.schedule returned {step!r}, not a Step")
+            for reject in step.rejects:
+                apply_reject(self.policy, self.status, self.end_ns, self.delivered, start, reject)
+            if not step.rows.shape[0]:
+                if self.next_arrival_ns >= NEVER:
+                    return None
+                if self._sleep_until(min(self.next_arrival_ns, deadline_ns), stop):
+                    self.lateness.append(self.now() - self.next_arrival_ns)
+                continue
+            self._check(step)
+            self._run_step(start, step)
+
+    def _sleep_until(self, target: int, stop) -> bool:
+        """Sleep (then busy-wait the last ``spin_ns``) until ``target``; False if stopped first."""
+        while True:
+            left = target - self.now()
+            if left <= 0:
+                return True
+            if stop is not None and stop.is_set():
+                return False
+            if left > self.spin_ns:
+                time.sleep(min(left - self.spin_ns, 200_000_000) / 1e9)
+                continue
+            end = target + self.t0
+            while self.clock() < end:
+                pass
+            return True
+
+    def _deliver(self, now: int) -> None:
+        stop = int(self.arrival_ns.searchsorted(now, side="right"))
+        first, self.delivered = self.delivered, stop
+        self.next_arrival_ns = int(self.arrival_ns[stop]) if stop < self.n else NEVER
+        self.delivered_ns[first:stop] = now
+        self.policy.on_arrivals(now, first, stop)
+
+    def _check(self, step: Step) -> None:
+        name = type(self.policy).__name__
+        rows = step.rows
+        if not (step.num_tokens.shape == step.context.shape == step.emits.shape == rows.shape):
+            raise PolicyError(f"{name} returned a Step whose columns differ in length")
+        if int(rows.max()) >= self.delivered:
+            raise PolicyError(f"{name} scheduled rows that have not arrived: "
+                              f"{rows[rows >= self.delivered][:8].tolist()}")
+
+    def _run_step(self, start: int, step: Step) -> None:
+        from schedsim.live.engines.llm_rows import EngineRow
+
+        engine, tokens = self.engine, self.tokens
+        rows = step.rows.tolist()
+        ntok = step.num_tokens.tolist()
+        ctx = step.context.tolist()
+        if step.preempted.shape[0]:
+            self.preemptions[step.preempted] += 1
+        swap_ms, error, out, gpu_ms, graph = 0.0, "", None, math.nan, False
+        issue = t_engine = start
+        live = [i for i, r in enumerate(rows) if self.failed_ns[r] < 0]
+        try:
+            swap_ms = self._swap(step)
+            tables = self._tables(rows, ntok, ctx)
+            engine_rows = [EngineRow(tokens.get(rows[i], ctx[i], ntok[i]), ctx[i], tables[i]) for i in live]
+            issue = self.now()
+            if engine_rows:
+                out = engine.execute(engine_rows)
+                gpu_ms, graph = float(engine.last_gpu_ms), bool(engine.last_graph)
+            t_engine = self.now()
+        except (KeyboardInterrupt, PolicyError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine error fails this step's requests
+            t_engine = self.now()
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            failed = [rows[i] for i in live]
+            self.failed_ns[failed] = t_engine
+            self.failures.append({"step": len(self.records), "error": error, "rows": failed[:64]})
+        end = self.now()
+        if out is not None:
+            for k, i in enumerate(live):
+                r = rows[i]
+                if ctx[i] + ntok[i] == tokens.length[r]:   # the row's next token (padding rows too)
+                    tokens.append(r, int(out[k]))
+        for i, r in enumerate(rows):
+            if step.emits[i]:
+                self.emitted[r] += 1
+                if self.emitted[r] >= self.output[r] and not self.paged:
+                    self.done_holding.add(r)
+        self.records.append((start, end, step))
+        self.timing.append([len(self.timing), start, issue, end, *composition(ntok, ctx, live), graph,
+                            (issue - start) / 1e3, swap_ms, (t_engine - issue) / 1e6, gpu_ms,
+                            (end - start) / 1e6 - (gpu_ms if math.isfinite(gpu_ms) else 0.0),
+                            "failed" if error else "ok", error])
+        self.policy.on_step_done(end, step, 1)
+
+    # --- blocks ----------------------------------------------------------------------------
+
+    def _tables(self, rows: list, ntok: list, ctx: list) -> list:
+        kv = self.kv
+        if self.paged:
+            tables = [kv.blocks_of(r) for r in rows]
+            for r, t in zip(rows, tables):
+                self.last_table[r] = t
+            return tables
+        if self.done_holding:
+            present = set(rows)
+            for r in [r for r in self.done_holding if r not in present]:
+                kv.free(r)
+                self.done_holding.discard(r)
+        bs = kv.block_size
+        padding = []
+        for r, n, c in zip(rows, ntok, ctx):
+            need = c + n
+            real = min(need, self.limit[r])   # a static batch's padding rows compute past their output
+            if kv.allocate(r, real) is None:
+                raise RuntimeError(f"row {r}: the driver's KV pool ({kv.usable_blocks} blocks) has no room "
+                                   f"for {real} tokens: the policy's reservations exceed its budget")
+            if need > real:
+                padding.append((r, need))
+        if padding:
+            # Padding rows decode over their real context in blocks of their own, from the blocks
+            # the step's members will not need for their real tokens (padding never starves them).
+            spare = kv.num_free_blocks - sum(max(0, -(-self.limit[r] // bs) - len(kv.blocks_of(r))) for r in rows)
+            for r, need in padding:
+                take = min(-(-need // bs) - len(kv.blocks_of(r)), spare)
+                if take > 0:
+                    kv.allocate(r, min(need, (len(kv.blocks_of(r)) + take) * bs))
+                    spare -= take
+        tables = []
+        for r, n, c in zip(rows, ntok, ctx):
+            t = kv.blocks_of(r)
+            short = -(-(c + n) // bs) - len(t)
+            if short > 0:
+                self.padding_null_writes += 1 if c // bs >= len(t) else 0
+                t = t + [0] * short
+            tables.append(t)
+        return tables
+
+    def _swap(self, step: Step) -> float:
+        """Copy swapped-out victims' blocks to the host and swapped-in ones back; ms taken."""
+        if not self.paged or not (step.swap_out_blocks or step.swap_in_blocks or self.handles):
+            return 0.0
+        kv, engine = self.kv, self.engine
+        t = time.perf_counter()
+        moved = 0
+        for v in step.preempted.tolist():
+            if kv.is_swapped(v) and v not in self.handles:
+                blocks = self.last_table.pop(v)
+                self.handles[v] = engine.swap_out(blocks)
+                self.swapped_rows.add(v)
+                moved += len(blocks)
+        if moved != step.swap_out_blocks:
+            raise PolicyError(f"{type(self.policy).__name__}: the step swaps out {step.swap_out_blocks} "
+                              f"blocks, its victims held {moved}")
+        t_out = time.perf_counter()
+        back = 0
+        for r in step.rows.tolist():
+            h = self.handles.get(r)
+            if h is not None and kv.holds(r):
+                engine.swap_in(h, kv.blocks_of(r)[:h.num_blocks])
+                del self.handles[r]
+                back += h.num_blocks
+        if back != step.swap_in_blocks:
+            raise PolicyError(f"{type(self.policy).__name__}: the step swaps in {step.swap_in_blocks} "
+                              f"blocks, the driver copied {back}")
+        t_in = time.perf_counter()
+        s = self.swaps
+        s["out_blocks"] += moved
+        s["in_blocks"] += back
+        s["out_ms"] += (t_out - t) * 1e3
+        s["in_ms"] += (t_in - t_out) * 1e3
+        s["requests_swapped"] = len(self.swapped_rows)
+        return (t_in - t) * 1e3
+
+    # --- the result ------------------------------------------------------------------------
+
+    def result(self, keep: int, itl_from_ns: int = 0) -> LLMResult:
+        n, name = self.n, type(self.policy).__name__
+        recs = self.records
+        nsteps = len(recs)
+        start = np.fromiter((r[0] for r in recs), np.int64, nsteps)
+        end = np.fromiter((r[1] for r in recs), np.int64, nsteps)
+        steps = [r[2] for r in recs]
+        sizes = np.fromiter((len(st) for st in steps), np.int64, nsteps)
+        empty_i, empty_b = np.empty(0, np.int64), np.empty(0, bool)
+        rows = np.concatenate([st.rows for st in steps]) if steps else empty_i
+        rec = np.repeat(np.arange(nsteps), sizes)
+        emits = np.concatenate([st.emits for st in steps]) if steps else empty_b
+        ntok = np.concatenate([st.num_tokens for st in steps]).astype(np.int64) if steps else empty_i
+
+        ones = np.ones(nsteps, np.int64)
+        t = token_times(n, rows, rec, emits, start, end, end, ones)   # one step per record, live
+        first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
+        itl_ns = t.gaps_ns[self.req.arrival_ns[t.gap_rows] >= itl_from_ns]  # warm-up requests add no gaps
+
+        if (tokens_out > self.output).any():
+            raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
+                              f"rows {np.flatnonzero(tokens_out > self.output)[:8].tolist()}")
+        done = (tokens_out == self.output) & (self.output > 0)
+        status = self.status.copy()
+        if ((status > COMPLETED) & (first_seen >= 0)).any():
+            raise PolicyError(f"{name} ran a request it had rejected")
+        status[(first_seen >= 0) & ~done] = RUNNING
+        status[done] = COMPLETED
+        end_ns = self.end_ns.copy()
+        finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
+        end_ns[done] = finish[done]
+        failed = self.failed_ns >= 0
+        status[failed] = FAILED
+        end_ns[failed] = self.failed_ns[failed]
+
+        tok, pre = step_token_sums(ntok, sizes)
+        stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
+        hits = stats.pop("prefix_hit_tokens_per_request", None)
+        hits = np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)
+        req = self.req if keep == n else self.req.head(keep)
+        k = slice(0, keep)
+        return LLMResult(
+            requests=req, status=status[k], scheduled_ns=t.scheduled_ns[k], first_token_ns=t.first_token_ns[k],
+            end_ns=end_ns[k], tokens_out=tokens_out[k].astype(np.int32), preemptions=self.preemptions[k],
+            prefix_hit_tokens=hits[k], itl_ns=itl_ns, itl_count=np.ones(itl_ns.size, np.int64),
+            step_start_ns=start, step_end_ns=end, step_repeats=np.ones(nsteps, np.int32),
+            step_seqs=sizes.astype(np.int32), step_tokens=tok.astype(np.int32),
+            step_prefill_tokens=pre.astype(np.int32),
+            step_kv_blocks=np.fromiter((st.kv_blocks_used for st in steps), np.int32, nsteps),
+            step_waiting=np.fromiter((st.waiting for st in steps), np.int32, nsteps),
+            step_preempted=np.fromiter((st.preempted.shape[0] for st in steps), np.int32, nsteps),
+            kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=0, stats=stats,
+            meta={"driver": "live"})
+
+
+def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | None = None,
+                 warmup_s: float = 0.0, engine_warmup: bool = True, seed: int = 0, spin_us: float = 50.0,
+                 stop: threading.Event | None = None, start_delay_s: float = 0.05,
+                 keep_tokens: bool = False, clock=time.perf_counter_ns) -> tuple[LLMResult, dict]:
+    """Replay ``requests`` in real time against the LLM ``policy`` on an open ``engine``.
+
+    ``engine`` is an entered :class:`~schedsim.live.engines.llm_engine.PagedLLMEngine` (or one
+    with its ``execute``/``swap_out``/``swap_in``/``last_gpu_ms`` interface) whose pool holds
+    at least the policy's KV blocks. ``engine_warmup`` runs and captures the step shapes
+    before the clock starts (:func:`warm_up`). ``warmup_s`` selects the steps the returned
+    timing summaries count and leaves the inter-token gaps of requests arriving before it
+    out of the result's ITL (:func:`~schedsim.core.llm_metrics.summarize_llm` leaves out those
+    requests the same way). ``seed`` seeds the prompts. ``spin_us``: busy-wait this long
+    before an idle engine's wake-up. ``time_limit_s`` (from the trace start), ``stop`` and
+    Ctrl-C end the run early: the step in flight finishes (Ctrl-C: is dropped) and the
+    result holds the requests scheduled so far (``extra["partial"]`` says why).
+
+    Returns the :class:`LLMResult` and ``extra``: per-step timings (``extra["steps"]``,
+    :data:`STEP_COLUMNS`), their summaries, swap totals, lateness and failures; with
+    ``keep_tokens``, ``extra["tokens"]`` (a :class:`PromptTokens`: every request's prompt
+    and generated token ids).
+    """
+    from schedsim.live.driver import timer_slack
+
+    n = len(requests)
+    policy.reset(requests)
+    check_engine_for(policy, engine)
+    setup = {"engine_warmup_s": 0.0, "warmup_decode_shapes": 0, "warmup_eager_s": 0.0, "warmup_eager_steps": 0}
+    if engine_warmup:
+        setup = warm_up(engine, max_seqs=int(getattr(policy, "max_num_seqs", 256)),
+                        max_context=min(engine_context(requests, policy), engine.max_context),
+                        prefill_tokens=warmup_prefill_tokens(requests, policy))
+        policy.reset(requests)   # fresh state after the warm-up's wall time
+    driver = _Driver(requests, policy, engine, seed=seed, spin_ns=int(spin_us * 1000), clock=clock)
+    gc_was = gc.isenabled()
+    old_slack = timer_slack(1)
+    reason = None
+    try:
+        gc.collect()
+        gc.disable()   # a collection pause would land in someone's latency
+        driver.t0 = clock() + int(start_delay_s * 1e9)
+        deadline = NEVER if time_limit_s is None else int(time_limit_s * 1e9)
+        try:
+            reason = driver.run(deadline, stop)
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        stopped_ns = driver.now()
+    finally:
+        if old_slack is not None:
+            timer_slack(old_slack)
+        if gc_was:
+            gc.enable()
+    partial = reason is not None
+    keep = n if not partial else int(requests.arrival_ns.searchsorted(stopped_ns, side="right"))
+    result = driver.result(keep, int(round(warmup_s * 1e9)))
+    extra = _extra(driver, warmup_s)
+    extra.update(partial=partial, partial_reason=reason, stopped_at_s=stopped_ns / 1e9 if partial else None,
+                 trace_requests=n, **setup,
+                 options={"seed": seed, "spin_us": spin_us, "engine_warmup": engine_warmup,
+                          "gc_disabled": True, "timer_slack_1ns": old_slack is not None,
+                          "block_source": "policy" if driver.paged else "driver"})
+    if keep_tokens:
+        extra["tokens"] = driver.tokens
+    return result, extra
+
+
+def _extra(driver: _Driver, warmup_s: float) -> dict:
+    t_warm = int(round(warmup_s * 1e9))
+    cols = list(zip(*driver.timing)) if driver.timing else [()] * len(STEP_COLUMNS)
+    steps = dict(zip(STEP_COLUMNS, cols))
+    for key in ("start_s", "issue_s", "end_s"):
+        steps[key] = np.asarray(steps[key], np.float64) / 1e9
+    counted = np.asarray(steps["start_s"]) >= t_warm / 1e9
+    decode_only = np.asarray(steps["prefill_tokens"], np.int64) == 0 if driver.timing else counted
+
+    def pick(key, mask=None):
+        x = np.asarray(steps[key], np.float64)
+        m = counted if mask is None else counted & mask
+        return _stats(x[m]) if x.size else {"n": 0}
+
+    arrival = driver.arrival_ns
+    seen = (driver.delivered_ns >= 0) & (arrival >= t_warm)
+    late = np.asarray(driver.lateness, np.float64)
+    return {
+        "engine_gpu_ms": pick("gpu_ms"),
+        "engine_ms": pick("engine_ms"),
+        "step_host_ms": pick("host_ms"),
+        "step_host_ms_decode_only": pick("host_ms", decode_only),
+        "step_host_ms_with_prefill": pick("host_ms", ~decode_only),
+        "schedule_us": pick("schedule_us"),
+        "delivery_delay_us": _stats((driver.delivered_ns[seen] - arrival[seen]) / 1e3),
+        "wakeup_lateness_us": _stats(late / 1e3),
+        "graph_steps": int(np.asarray(steps["graph"], bool)[counted].sum()) if driver.timing else 0,
+        "swaps": dict(driver.swaps),
+        "swapped_rows": sorted(driver.swapped_rows)[:1000],
+        "padding_null_writes": driver.padding_null_writes,
+        "failed_steps": len(driver.failures), "failures": driver.failures[:100],
+        "engine_warnings": list(getattr(driver.engine, "warnings", []))[:20],
+        "steps": steps,
+    }
+
+
+def write_live_steps_csv(path, steps: dict) -> None:
+    """DIR/live_steps.csv: one row per step (see :data:`STEP_COLUMNS`), written atomically."""
+    from schedsim.files import write_columns_csv
+
+    write_columns_csv(path, steps, STEP_COLUMNS)

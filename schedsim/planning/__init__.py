@@ -1,0 +1,2 @@
+"""Sizing questions answered with many runs: sweeps, capacity plans, fleets of replicas
+behind routers, and autoscaling."""

@@ -1,0 +1,2 @@
+"""Measuring real engines into cost tables: the calibration harness, the LLM step profiler,
+timing helpers and CPU pinning."""

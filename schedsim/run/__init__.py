@@ -1,0 +1,1 @@
+"""``schedsim run`` as functions: load inputs, simulate, summarise and write the outputs."""

@@ -1,0 +1,142 @@
+"""``schedsim run`` for LLM policies: load the trace and step profile, simulate, summarise, write."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schedsim.errors import InputError
+
+LLM_POLICY_NAMES = ("continuous", "paged-kv", "llm-static")
+
+DEFAULT_STEP_PROFILE = "llama-1b-bf16-h200-steps.csv"
+"""The bundled decoder step profile (under profiles/), measured on an H200."""
+
+
+@dataclass(frozen=True)
+class LLMOptions:
+    """The LLM-only flags of ``schedsim run``."""
+
+    slo_ttft_ms: float | None = None
+    """Goodput: a request meets the SLO only if its TTFT is at most this."""
+    slo_tpot_ms: float | None = None
+    """... and its TPOT at most this."""
+    slo_e2e_ms: float | None = None
+    """... and its end-to-end latency at most this."""
+    params: dict = field(default_factory=dict)
+    """LLM policy parameters given explicitly (model_spec, block_size, ...)."""
+
+
+    def given(self) -> list[str]:
+        """The LLM flags set, as the user typed them."""
+        flags = [f"--{k.replace('_', '-')}" for k in self.params]
+        flags += [f for f, v in (("--slo-ttft-ms", self.slo_ttft_ms), ("--slo-tpot-ms", self.slo_tpot_ms),
+                                 ("--slo-e2e-ms", self.slo_e2e_ms)) if v is not None]
+        return flags
+
+    def reject_for_request_level(self, policy: str) -> None:
+        if self.given():
+            raise InputError(f"{self.given()[0]}: applies to LLM policies (continuous, paged-kv, static "
+                             f"on a trace with input_tokens/output_tokens), not --policy {policy} "
+                             f"on this trace")
+
+
+def might_be_llm(policy: str, options: LLMOptions) -> bool:
+    """Whether the trace must be looked at to tell an LLM run from a request-level one."""
+    return policy in LLM_POLICY_NAMES or policy == "static" or ":" in policy or bool(options.given())
+
+
+def is_llm_run(policy: str, trace) -> bool:
+    """Whether ``--policy`` names an LLM policy (``static`` is one on a trace with token columns)."""
+    if policy in LLM_POLICY_NAMES:
+        return True
+    if policy == "static":
+        return bool(len(trace)) and bool((trace.output_tokens > 0).all())
+    if ":" in policy:
+        from schedsim.registry import load_policy_class
+
+        return bool(getattr(load_policy_class(policy), "llm", False))
+    return False
+
+
+def default_step_profile_path() -> Path:
+    # Beside schedsim.cost.profile's default_profile_path(), without importing that module.
+    return Path(__file__).resolve().parents[2] / "profiles" / DEFAULT_STEP_PROFILE
+
+
+def execute_llm(spec, options: LLMOptions, trace):
+    """Run an LLM policy as ``spec`` (a :class:`~schedsim.run.runner.RunSpec`) describes."""
+    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.core.llm_metrics import summarize_llm
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.registry import build_policy
+    from schedsim.core.policy import Requests
+    from schedsim.run.runner import RunOutcome, policy_config
+    from schedsim.traces.io import scale_rate
+
+    for flag, value in (("--slo-ttft-ms", options.slo_ttft_ms), ("--slo-tpot-ms", options.slo_tpot_ms),
+                        ("--slo-e2e-ms", options.slo_e2e_ms)):
+        if value is not None and not value > 0:
+            raise InputError(f"{flag}: {value} is not valid; expected a number > 0")
+    if spec.triton_config is not None:
+        raise InputError(f"--triton-config: applies to --policy dynamic, not {spec.policy!r}")
+    if spec.instances not in (None, 1):
+        raise InputError("--instances: LLM policies model one engine; run replicas with schedsim plan/sweep")
+    name = "llm-static" if spec.policy == "static" else spec.policy
+    policy = build_policy(name, spec.params | options.params)
+    if spec.rate_scale != 1.0:
+        trace = scale_rate(trace, spec.rate_scale)
+    requests = Requests.from_trace(trace)
+    profile_path = spec.profile or default_step_profile_path()
+    if not Path(profile_path).exists():
+        raise InputError(f"{profile_path}: no such step profile; measure one with "
+                         f"`schedsim profile llm` or pass --profile")
+    profile = load_step_profile(profile_path)
+    cost = StepCostModel.from_profile(profile)
+    budget = getattr(policy, "budget", None)
+    if budget is not None:
+        cost.bytes_per_block = budget.block_size * budget.spec.kv_bytes_per_token
+        if cost.first_call_ns:   # what `schedsim live` runs before its clock starts pays no first call
+            from schedsim.live.llm_driver import live_warm_tokens
+
+            cost.warm_tokens = live_warm_tokens(requests, policy, profile.cuda_graph_batch_sizes)
+
+    results, summaries = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(spec.replications):
+            result = simulate_llm(requests, policy, cost, seed=spec.seed + i,
+                                  itl_from_ns=int(round(spec.warmup_s * 1e9)))
+            results.append(result)
+            summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
+                                           slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
+    notes = sorted({str(w.message) for w in caught})
+    if len(summaries) == 1:
+        summary = summaries[0]
+    else:
+        from schedsim.core.metrics import combine_replications
+
+        summary = combine_replications(summaries)
+    stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
+    summary["config"] = policy_config(spec, _Inputs(spec.params | options.params, 1)) | {
+        "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
+        "slo_ttft_ms": options.slo_ttft_ms, "slo_tpot_ms": options.slo_tpot_ms,
+        "slo_e2e_ms": options.slo_e2e_ms, "policy_stats": stats}
+    if notes:
+        summary["warnings"] = notes
+    title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
+             f"model {budget.spec.name if budget else '?'}, step profile {Path(profile_path).name}")
+    outcome = RunOutcome(title, summary, results)
+    if spec.out is not None:
+        from schedsim.run.llm_report import write_llm_outputs
+
+        outcome.written = write_llm_outputs(spec.out, results[0], trace.request_id, summary,
+                                            spec.plot, spec.warmup_s)
+    return outcome
+
+
+@dataclass
+class _Inputs:
+    params: dict
+    instances: int

@@ -1,0 +1,1 @@
+"""Request traces: the columnar table, synthetic generators, readers and importers."""

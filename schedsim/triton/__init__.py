@@ -1,0 +1,1 @@
+"""Triton Inference Server: its model configuration read into policy settings."""
