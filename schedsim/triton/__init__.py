@@ -1,1 +1,1 @@
-"""Triton Inference Server: its model configuration read into policy settings."""
+"""Triton Inference Server: its model configuration read and written, a real server started and driven."""
