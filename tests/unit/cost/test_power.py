@@ -157,8 +157,8 @@ def test_profile_show_prints_the_power_cap():
 
 
 def test_the_clock_predicts_the_live_gpu_slowdown_at_the_same_batch_size():
-    """Run 10's live batches (H200, seven dynamic cells at 75-90% load; experiments/fidelity/
-    calibration/power_cap_check.csv.gz) replayed through the default profile's clock: where the
+    """Run 10's live batches (H200, seven dynamic cells at 75-90% load; tests/data/
+    power_cap_check.csv.gz) replayed through the default profile's clock: where the
     model says the GPU is slower, the measured CUDA-event time over the profile's is higher,
     within bands of equal batch size too (so it is not the batch size speaking). Measured:
     Spearman 0.63-0.67 in each band; binned medians 0.978 -> 1.055."""
@@ -166,7 +166,7 @@ def test_the_clock_predicts_the_live_gpu_slowdown_at_the_same_batch_size():
     from scipy.stats import spearmanr
 
     root = default_profile_path().parents[1]
-    batches = pd.read_csv(root / "experiments/fidelity/calibration/power_cap_check.csv.gz")
+    batches = pd.read_csv(root / "tests/data/power_cap_check.csv.gz")
     profile = load_profile(default_profile_path())
     gpu_ms = profile.table.set_index("batch").gpu_ms_mean
     cap = CostModel.from_profile(profile).power_cap
