@@ -24,8 +24,7 @@ from step_profile_synthetic import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, composi
 CASES = [([1], [100]), ([1] * 3, [10, 500, 4000]), ([1] * 32, list(range(0, 32000, 1000))),
          ([1] * 300, [7 * i for i in range(300)]), ([512], [0]), ([2048, 1, 1, 1], [8000, 100, 5000, 900]),
          ([16] + [1] * 60, [37 * i for i in range(61)])]
-PREVIOUS_PROFILE = Path(__file__).resolve().parents[3] / "experiments" / "llm_profile" / \
-    "llama-1b-bf16-h200-steps-previous.csv"
+PREVIOUS_PROFILE = Path(__file__).resolve().parents[3] / "tests" / "data" / "llama-1b-bf16-h200-steps-previous.csv"
 EAGER_DECODE_STEP_NS = int(TRUE_COEF[17] * 1e6)
 OVER_KNEE_NS = int(TRUE_COEF[18] * 1e6) * (2051 - 1024)   # case 5: 2,048 + 3 tokens
 BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the real-KV term
