@@ -205,6 +205,29 @@ def llm(
     print(f"wrote {outcome.path} ({outcome.cells} step compositions)")
 
 
+# -- import ----------------------------------------------------------------------------
+
+@app.command("import")
+def import_stats(
+    source: Annotated[str, typer.Argument(help="Triton's statistics: the JSON of /v2/models[/NAME]/stats, or a server URL (http://HOST:PORT or HOST:PORT).")],
+    model: Annotated[Optional[str], typer.Option(help="The model to import (needed when the statistics hold several).")] = None,
+    version: Annotated[Optional[str], typer.Option(help="The model version (needed when several versions have statistics).")] = None,
+    timeout_s: Annotated[float, typer.Option(help="Seconds to wait for a server's answer.")] = 10.0,
+    out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (the JSON sidecar goes next to it).")] = None,
+):
+    """Turn a Triton server's statistics (batch_stats) into a cost table: one row per executed batch size."""
+    from schedsim.triton.stats import import_profile
+
+    if out is None:
+        raise InputError("--out is required: the profile CSV to write")
+    prof, warnings = import_profile(source, out, model=model, version=version, timeout_s=timeout_s)
+    for w in warnings:
+        _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    n = prof.columns["n"]
+    print(f"wrote {out} ({len(n)} batch sizes {_ranges(prof.batches.tolist())}, {int(n.sum()):,} executions "
+          f"of {prof.meta['model']}; spread unknown: every batch takes its size's mean)")
+
+
 # -- show ------------------------------------------------------------------------------
 
 def _load(path: Path):
