@@ -1,4 +1,4 @@
-"""The LLM model against the committed live H200 runs 7 and 9 (experiments/fidelity-llm/).
+"""The LLM model against the live H200 runs 7 and 9 of experiments/fidelity-llm/.
 
 The live side is a measurement and never changes; the simulated side is this checkout's
 simulator, policies and bundled step profile. So these fail when a change to any of them
@@ -6,6 +6,13 @@ moves the predictions away from what the engine did. Bounds sit a little above w
 model scored (README there): request-latency median abs error 4.9% on run 7, decode
 (graph) steps -5..+3% and eager steps -7..+14% at the median per cell on runs 7 and 9,
 Mooncake's eager steps -16% and -17%.
+
+The runs are cut into tests/data/fidelity_llm/ (the whole runs are listed in
+experiments/RUNS.md): every step of each cell's live_steps.csv with the columns the step
+model prices (start_s and gpu_ms rounded to the microsecond: only the host-gap figure
+reads them), and run 7's results with their per-request arrays (result.npz without its
+step and inter-token arrays, which no figure here reads). Every figure these tests assert
+comes out of the cut files as it did out of the whole runs.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "experiments" / "fidelity-llm"
-RUN = HERE / "run7"
+DATA = ROOT / "tests" / "data" / "fidelity_llm"
+RUN = DATA / "run7"
 
 
 def _analyze_module():
@@ -40,7 +48,7 @@ def analyze():
                                   "paged-preempt-medium", "continuous-max-medium", "continuous-max-near",
                                   "static-b8-medium", "mooncake-prefix"])
 def test_the_step_model_prices_the_logged_live_steps(analyze, run, cell):
-    out = analyze.step_errors(HERE / run / "cells" / cell / "live_steps.csv")   # read from the committed .csv.gz
+    out = analyze.step_errors(DATA / run / "cells" / cell / "live_steps.csv")   # read from the .csv.gz
     assert out["step_graph_n"] > 1000
     assert abs(out["step_graph_err_p50_pct"]) <= 6.0
     # Eager steps: within 15% at the median; Mooncake's 8,192-token chunks beside long
