@@ -114,3 +114,25 @@ def download(
     typer.echo(f"{path}: sha256 ok")
     if name.startswith("azure"):
         typer.echo("Azure LLM inference trace 2023, Microsoft Azure, CC-BY-4.0")
+
+
+@app.command("import")
+def import_triton(
+    paths: list[Path] = typer.Argument(..., help="Triton trace file(s) written with --trace-config level=TIMESTAMPS (FILE.0, FILE.1, ... with log-frequency)."),
+    out: Path = typer.Option(..., "--out", help="Output file: .csv, .parquet or .pq."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model whose requests to keep (needed when the trace holds several)."),
+) -> None:
+    """Turn Triton's per-request trace into an arrival trace, with the server's own times as extra columns."""
+    from schedsim.traces.io import trace_stats
+    from schedsim.triton.trace_import import read_triton_trace, save_triton_trace
+
+    tt = read_triton_trace(paths, model=model)
+    for w in tt.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    save_triton_trace(tt, out)
+    s = trace_stats(tt.trace)
+    lat = tt.extra["server_latency_us"]
+    served = lat[~np.isnan(lat)]
+    typer.echo(f"wrote {s['requests']:,} requests of {tt.trace.meta['model']} over {s['span_s']:.3f} s "
+               f"(mean {_fmt(s['mean_rate'])} req/s) to {out}; in {int(tt.extra['execution'].max()) + 1:,} "
+               f"executions; server latency median {_fmt(float(np.median(served)) / 1e3) if served.size else '-'} ms")
