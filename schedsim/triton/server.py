@@ -9,7 +9,10 @@ Where the server comes from, first match wins:
    next to it on first use;
 2. ``tritonserver`` on ``PATH`` (a user's own install or NGC container), with the
    ``backends`` folder beside its ``bin`` when there is one, else the server's default;
-3. the copy inside the nvidia-pytriton wheel (``pip install 'schedsim[triton]'``).
+3. the nvidia-pytriton wheel's copy, where that wheel is installed as a package;
+4. the copy that ``python -m schedsim.triton.bundle install`` unpacked from that wheel
+   into ``~/.cache/schedsim/triton/`` (the wheel's own package pins numpy<2, so schedsim
+   reads the server out of it instead of installing it).
 
 :attr:`TritonInstall.source` says which one was used.
 
@@ -47,14 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedsim.errors import InputError
+from schedsim.triton.bundle import BUNDLE_MANIFEST, STUB, default_home
 
 HOME_ENV = "SCHEDSIM_TRITON_HOME"
 """Environment variable naming a Triton install, an unpacked bundle or a bundle file."""
 SYS_PATH_ENV = "SCHEDSIM_TRITON_SYS_PATH"
 """Environment variable through which the server's Python models get this process's sys.path."""
-STUB = "triton_python_backend_stub"
-BUNDLE_MANIFEST = "schedsim-triton-bundle.json"
-"""Written at the root of a bundle: the Python version of its one stub, the wheel it came from."""
 
 
 class ServerError(InputError):
@@ -129,7 +130,8 @@ def _from_home(home: str | os.PathLike, what: str) -> TritonInstall:
 
         path = unpack(path)
         what = f"{what} (bundle {Path(home).name})"
-    for root in (path, path / "pytriton" / "tritonserver", path / "tritonserver"):
+    for root in (path, path / "pytriton" / "tritonserver", path / "triton" / "pytriton" / "tritonserver",
+                 path / "tritonserver"):
         found = _from_server_root(root, f"{what}: {root}")
         if found is not None:
             return found
@@ -159,9 +161,13 @@ def find_tritonserver(home: str | os.PathLike | None = None) -> TritonInstall:
             found = _from_server_root(Path(loc) / "tritonserver", "nvidia-pytriton wheel")
             if found is not None:
                 return found
-    raise ServerError("tritonserver not found: install it with pip install 'schedsim[triton]' "
-                      f"(the nvidia-pytriton wheel), put it on PATH, or set {HOME_ENV} to a Triton "
-                      "install or a bundle made by python -m schedsim.triton.bundle")
+    found = _from_server_root(default_home() / "pytriton" / "tritonserver",
+                              f"python -m schedsim.triton.bundle install: {default_home()}")
+    if found is not None:
+        return found
+    raise ServerError("tritonserver not found: run python -m schedsim.triton.bundle install (it unpacks the "
+                      f"server from the nvidia-pytriton wheel), put tritonserver on PATH, or set {HOME_ENV} "
+                      "to a Triton install or a bundle made by python -m schedsim.triton.bundle pack")
 
 
 def _writable(path: Path) -> bool:
@@ -249,9 +255,12 @@ def last_error(log_path: Path, limit: int = 240) -> str:
     except OSError:
         return ""
     lines = [ln.strip() for ln in lines if ln.strip()]
+    # A model that failed to load says why on its own line; the server's last line only
+    # says "failed to load all models".
+    load = [ln for ln in lines if "failed to load '" in ln]
     errors = [ln for ln in lines if ln[:1] == "E" and ln[1:5].isdigit()
               or "error" in ln.lower() and "nvml" not in ln.lower() and "dcgm" not in ln.lower()]
-    line = (errors or lines or [""])[-1]
+    line = load[0] if load else (errors or lines or [""])[-1]
     return line if len(line) <= limit else line[:limit] + "..."
 
 
