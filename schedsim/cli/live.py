@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from schedsim.cli import options as o
+from schedsim.cli.summary import print_llm_summary, print_summary
 from schedsim.errors import InputError
 from schedsim.profiling.host import live_cpu_count, parse_cpu, pin_cpu
 
@@ -196,7 +197,7 @@ def register(app) -> None:
 def live(
     trace: Annotated[Path, typer.Argument(help="Request trace (as for schedsim run).")],
     policy: o.Policy = "dynamic",
-    backend: Annotated[str, typer.Option(help="Engine: torch, onnxruntime or tensorrt; torch-llm for LLM policies.")] = "torch",
+    backend: Annotated[str, typer.Option(help="Engine: torch, onnxruntime or tensorrt; torch-llm for LLM policies; triton: a real Triton server (--policy none or dynamic).")] = "torch",
     model: Annotated[Optional[str], typer.Option(help="builtin:bert-base, builtin:bert-tiny, or MODEL.onnx (onnxruntime); torch-llm: builtin:llama-1b (default) or builtin:llama-tiny. Default: builtin:bert-base (torch-llm: builtin:llama-1b).")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available for torch, else cpu).")] = None,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", help="torch on CUDA: one CUDA graph per batch shape.")] = True,
@@ -248,13 +249,16 @@ def live(
     slo_tpot_ms: o.SloTpotMs = None,
     slo_e2e_ms: o.SloE2eMs = None,
     # --- end of the LLM live flags ---
+    triton_url: Annotated[Optional[str], typer.Option(help="--backend triton: drive the server already running at HOST:PORT (its HTTP endpoint) instead of starting one.")] = None,
+    triton_model: Annotated[Optional[str], typer.Option(help="--backend triton: the model to drive on --triton-url.")] = None,
+    triton_trace_rate: Annotated[Optional[int], typer.Option(help="--backend triton: also record Triton's per-request timestamps for one request in N (its trace API; off by default: server-side times come from its statistics, read before and after the run).")] = None,
+    client_processes: Annotated[int, typer.Option(help="--backend triton: client processes sending the trace (one asyncio loop each); raise it when the lateness grows.")] = 1,
 ):
     """Replay TRACE in real time against a real engine, driven by the same policy as schedsim run.
 
     --backend torch-llm runs an LLM policy (continuous, paged-kv, static on a token trace)
     on the paged-KV decoder (--model builtin:llama-1b or builtin:llama-tiny).
     """
-    from schedsim.cli.main import print_summary
     from schedsim.run.runner import RunOutcome, RunSpec
 
     params = o.policy_params(
@@ -269,10 +273,26 @@ def live(
     spec = LiveSpec(run=run, backend=backend, model=model, device=device, cuda_graphs=cuda_graphs,
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed, cpu=cpu)
+    if backend == "triton":
+        from schedsim.triton.live import TritonLiveSpec, execute_live_triton
+
+        title, summary, written = execute_live_triton(TritonLiveSpec(
+            run=run, model=model or "builtin:bert-tiny", device=device, precision=precision,
+            cuda_graphs=cuda_graphs, seq_len=seq_len, seed=seed, threads=threads, time_limit_s=time_limit_s,
+            url=triton_url, model_name=triton_model, trace_rate=triton_trace_rate, processes=client_processes))
+        if json_output:
+            o.print_json(summary)
+        else:
+            print_summary(RunOutcome(title, summary, [], written))
+            print("client lateness (us, sent - scheduled): mean {mean:.1f}, p99 {p99:.1f}, max {max:.1f}"
+                  .format(**summary["live"]["client_lateness_us"]) if summary["live"]["client_lateness_us"]["n"]
+                  else "client lateness: nothing sent")
+        return
+    if triton_url or triton_model or triton_trace_rate is not None:
+        raise InputError("--triton-url, --triton-model and --triton-trace-rate apply to --backend triton")
     # --- LLM live backend (issue 6) ---
     llm = o.llm_options(locals())
     if backend == "torch-llm":
-        from schedsim.cli.llm_summary import print_llm_summary
         from schedsim.live.llm_run import LiveLLMSpec, execute_live_llm
 
         llm_spec = LiveLLMSpec(

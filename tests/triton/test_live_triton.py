@@ -1,0 +1,197 @@
+"""A real tritonserver on the CPU, driven by ``schedsim live --backend triton`` in a subprocess.
+
+The bert-tiny model runs in Triton's Python backend (KIND_CPU, numpy). These tests skip
+when no tritonserver is found (``python -m schedsim.triton.bundle install`` provides one);
+CI sets SCHEDSIM_REQUIRE_TRITON=1, which turns the skip into a failure.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import ROOT, assert_one_line_error, schedsim
+from schedsim.triton.server import ServerError, TritonServer, find_tritonserver
+
+try:
+    INSTALL, WHY = find_tritonserver(), ""
+except ServerError as exc:
+    INSTALL, WHY = None, str(exc)
+REQUIRED = os.environ.get("SCHEDSIM_REQUIRE_TRITON") == "1"
+try:
+    import aiohttp  # noqa: F401 - the client's transport (the triton extra)
+except ImportError:
+    INSTALL, WHY = None, "aiohttp is not installed (pip install -e '.[triton]')"
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow,
+              pytest.mark.skipif(INSTALL is None and not REQUIRED, reason=WHY)]
+
+if INSTALL is None and REQUIRED:
+    pytest.fail(f"SCHEDSIM_REQUIRE_TRITON=1 but {WHY}", pytrace=False)
+
+BURSTS = [3, 5, 8, 2, 7, 1, 4, 6, 8, 3]
+"""Requests arriving at the same instant, 0.25 s apart: with a 100 ms queue delay and
+max_batch_size 8, each burst is exactly one batch, in Triton as in the simulator."""
+POLICY = ["--policy", "dynamic", "--max-batch-size", "8", "--max-queue-delay-us", "100000"]
+
+
+def burst_trace(path: Path, bursts=BURSTS, gap_s: float = 0.25, seq_len: int = 16) -> Path:
+    rows = ["request_id,arrival_s,seq_len"]
+    i = 0
+    for j, k in enumerate(bursts):
+        for _ in range(k):
+            rows.append(f"{i},{j * gap_s:.3f},{seq_len}")
+            i += 1
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def poisson_trace(path: Path, rate: float, seconds: float, seq_len: int = 16) -> Path:
+    import numpy as np
+
+    t = np.cumsum(np.random.default_rng(7).exponential(1 / rate, int(rate * seconds)))
+    path.write_text("request_id,arrival_s,seq_len\n" + "".join(f"{i},{x:.6f},{seq_len}\n" for i, x in enumerate(t)))
+    return path
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_triton_forms_the_batches_the_simulator_forms(tmp_path):
+    trace = burst_trace(tmp_path / "bursts.csv")
+    live = schedsim("live", trace, "--backend", "triton", "--model", "builtin:bert-tiny", *POLICY,
+                    "--triton-trace-rate", "1", "--out", tmp_path / "live", "--json")
+    assert live.returncode == 0, live.stderr
+    sim = schedsim("run", trace, *POLICY, "--profile", ROOT / "tests/data/linear_profile.csv",
+                   "--out", tmp_path / "sim", "--json")
+    assert sim.returncode == 0, sim.stderr
+    got = json.loads(live.stdout)
+    want = json.loads(sim.stdout)
+    # Triton's own batch_stats: executions per batch size, read before and after the run.
+    assert got["batch_size_histogram"] == want["batch_size_histogram"] == {"1": 1, "2": 1, "3": 2, "4": 1,
+                                                                           "5": 1, "6": 1, "7": 1, "8": 2}
+    assert got["completed"] == sum(BURSTS) and got["failed"] == 0 and not got["partial"]
+    stats = json.loads((tmp_path / "live/triton_stats.json").read_text())
+    assert stats["delta"]["execution_count"] == len(BURSTS)
+    assert stats["delta"]["inference_stats"]["success"]["count"] == sum(BURSTS)
+    # Traced at rate 1: each burst's requests share one compute start (one batch), and the
+    # server's timestamps lie between the client's send and answer (one monotonic clock).
+    rows = read_csv(tmp_path / "live/triton_requests.csv")
+    starts, first = [], 0
+    for k in BURSTS:
+        burst = rows[first:first + k]
+        first += k
+        assert len({r["server_compute_start_s"] for r in burst}) == 1
+        starts.append(float(burst[0]["server_compute_start_s"]))
+        for r in burst:
+            assert float(r["sent_s"]) <= float(r["server_request_start_s"]) <= float(r["server_compute_start_s"])
+            assert float(r["server_compute_end_s"]) <= float(r["answered_s"])
+            assert r["status"] == "completed" and r["http_status"] == "200"
+    assert starts == sorted(starts)
+    summary = json.loads((tmp_path / "live/summary.json").read_text())
+    assert summary["config"]["backend"] == "triton" and summary["live"]["client_lateness_us"]["n"] == sum(BURSTS)
+    check = schedsim("validate", "--sim", tmp_path / "sim", "--live", tmp_path / "live", "--json")
+    assert check.returncode == 0, check.stderr
+    config = (tmp_path / "live/model_repository/schedsim_encoder/config.pbtxt").read_text()
+    assert "max_queue_delay_microseconds: 100000" in config and "KIND_CPU" in config
+
+
+def test_a_server_that_cannot_load_the_model_gives_one_line_naming_its_log(tmp_path):
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("a GPU is visible: the KIND_GPU model would load")
+    trace = burst_trace(tmp_path / "bursts.csv", [2])
+    proc = schedsim("live", trace, "--backend", "triton", "--device", "cuda", *POLICY, "--out", tmp_path / "out")
+    assert_one_line_error(proc, "tritonserver exited with code 1 before it was ready",
+                          "failed to load 'schedsim_encoder'", str(tmp_path / "out" / "tritonserver.log"))
+
+
+def test_a_model_that_fails_in_initialize_is_reported_with_its_log(tmp_path):
+    from schedsim.triton.repository import model_config, write_repository
+
+    bad = tmp_path / "bad_model.py"
+    bad.write_text("class TritonPythonModel:\n    def initialize(self, args):\n"
+                   "        raise RuntimeError('no weights here')\n")
+    write_repository(tmp_path / "repo", "broken", model_config("broken", policy="none", params={}), bad)
+    server = TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL, ready_timeout_s=60)
+    with pytest.raises(ServerError) as err:
+        with server:
+            pass
+    assert "no weights here" in str(err.value) and str(tmp_path / "server.log") in str(err.value)
+    assert "\n" not in str(err.value) and server.returncode is not None
+
+
+def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:
+    """The tritonserver serving OUT_DIR's repository (started by the run under test)."""
+    deadline = time.monotonic() + timeout_s
+    needle = f"--model-repository={out_dir / 'model_repository'}".encode()
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if needle in (proc / "cmdline").read_bytes():
+                        return int(proc.name)
+                except OSError:
+                    continue
+        time.sleep(0.1)
+    raise AssertionError("the run's tritonserver never appeared")
+
+
+def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
+    trace = poisson_trace(tmp_path / "poisson.csv", rate=40, seconds=8)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "schedsim.cli.main", "live", str(trace), "--backend", "triton",
+           "--policy", "dynamic", "--max-batch-size", "8", "--out", str(out)]
+    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = _server_pid(out)
+        log = out / "tritonserver.log"
+        deadline = time.monotonic() + 60
+        while b"Started HTTPService" not in (log.read_bytes() if log.exists() else b""):
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.1)
+        time.sleep(4.0)  # the client is sending by now
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    proc = subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr)
+    assert_one_line_error(proc, "tritonserver was killed by signal 9 during the run", str(log),
+                          "requests written to", "(status marked)")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] and summary["partial_reason"] == "server died"
+    rows = read_csv(out / "requests.csv")
+    status = {r["status"] for r in rows}
+    assert "completed" in status and status & {"failed", "unfinished"}
+    assert summary["completed"] == sum(r["status"] == "completed" for r in rows) > 0
+    client = read_csv(out / "triton_requests.csv")
+    assert len(client) == len(rows)
+    assert all(r["error"] for r in client if r["status"] == "failed")
+
+
+def test_triton_url_drives_a_server_the_user_runs(tmp_path):
+    from schedsim.triton.repository import model_config, write_repository
+
+    params = {"max_batch_size": 8, "max_queue_delay_us": 100000}
+    cfg = model_config("users_model", policy="dynamic", params=params, parameters={"seq_lens": "16"})
+    write_repository(tmp_path / "repo", "users_model", cfg)
+    trace = burst_trace(tmp_path / "bursts.csv", [4, 8, 2])
+    with TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL) as server:
+        proc = schedsim("live", trace, "--backend", "triton", *POLICY, "--triton-url", server.url,
+                        "--triton-model", "users_model", "--out", tmp_path / "out", "--json")
+        assert server.alive()
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["batch_size_histogram"] == {"2": 1, "4": 1, "8": 1} and summary["completed"] == 14
+    assert summary["config"]["triton_url"] == server.url
+    assert not (tmp_path / "out" / "model_repository").exists()
+    bad = schedsim("live", trace, "--backend", "triton", "--triton-url", server.url, "--out", tmp_path / "x")
+    assert_one_line_error(bad, "--triton-model")
