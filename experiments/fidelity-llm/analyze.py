@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import HERE, engine_settings, load_cell_trace, load_cells, load_result, smoke  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 PROFILE = ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv"
@@ -237,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="analyze run_h200.py --smoke's CPU output")
     ap.add_argument("--profile", type=Path, help="the step profile to predict with (default: the committed one)")
     args = ap.parse_args(argv)
+    if args.run is not None:
+        require(args.run)
     global PROFILE
     PROFILE = args.profile.resolve() if args.profile else PROFILE
     cells_mod = load_cells()

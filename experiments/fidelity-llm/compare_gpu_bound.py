@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "llm_profile" / "few-decodes"))
 
 from compare_profiles import variant  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 
 from schedsim.cost.step_model import fit_step_profile, load_step_profile  # noqa: E402
 
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="keep the pooled tables here")
     args = ap.parse_args(argv)
     runs = args.runs.split(",")
+    require(*(HERE / run for run in runs), *PROFILES.values())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name, src in PROFILES.items():

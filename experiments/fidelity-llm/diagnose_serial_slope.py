@@ -28,6 +28,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from schedsim.cost import step_model as C  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12", "run13")
@@ -46,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-tokens", type=int, default=C.EAGER_KNEE_TOKENS,
                     help="add it to eager steps of more tokens than this (default: the knee)")
     args = ap.parse_args(argv)
+    require(*(HERE / run for run in RUNS))
     an = _analyze()
     profile = C.load_step_profile(an.PROFILE)
     cost = C.StepCostModel.from_profile(profile)

@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import analyze  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 from common import load_cell_trace, load_cells  # noqa: E402
 
 ROWS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 1 << 30))
@@ -122,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=10, help="schedule rows to print")
     args = ap.parse_args(argv)
     runs = [HERE / r.strip() for r in args.runs.split(",")]
+    require(*runs)
     cells_mod = load_cells()
     cell = next(c for c in cells_mod.CELLS if c["name"] == args.cell)
     cost = cost_model()

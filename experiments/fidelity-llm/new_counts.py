@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import analyze  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 
 SHORT = 1024
 """Eager steps of at most this many tokens: bound by their launches."""
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run_h200.py output folders (runN/)")
     ap.add_argument("--profile", type=Path, help="step profile (default: the committed one)")
     args = ap.parse_args(argv)
+    require(*args.runs)
     from schedsim.cost.step_model import StepCostModel, load_step_profile
 
     cost = StepCostModel.from_profile(load_step_profile(args.profile or analyze.PROFILE))

@@ -28,6 +28,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from experiments.fidelity.pooled import leave_one_out  # noqa: E402
 from schedsim.live.llm_validate import TARGETS_PCT, validate_llm_dirs  # noqa: E402
 
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("results", nargs="+", type=Path, help="analyze.py --results folders, one per live run")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    require(*args.results)
     if len(args.results) < 2:
         ap.error("give at least two analyses")
     table = pooled(args.results)

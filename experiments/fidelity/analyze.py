@@ -34,6 +34,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from schedsim.cost.model import CostModel  # noqa: E402
 from schedsim.core.metrics import combine_replications, summarize  # noqa: E402
 from schedsim.registry import build_policy  # noqa: E402
@@ -175,6 +177,7 @@ def main(argv=None) -> int:
                     "committed profile plus the measured wake overhead, and model d, c plus the "
                     "2-instance profile for batches that share the GPU")
     args = ap.parse_args(argv)
+    require(args.run, *([args.calibration] if args.calibration else []))
     committed = load_profile(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv")
     # a and b: the tables and their dispatch overhead alone (no wake-up term)
     profiles = {"a": (committed, 0.0, None)}

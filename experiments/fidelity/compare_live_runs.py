@@ -21,6 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from experiments.raw_runs import require  # noqa: E402
+
 
 def measured_p99(source: Path) -> pd.DataFrame:
     """cell, instances, p99_ms: one row per live run in ``source``."""
@@ -40,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("sources", nargs="+", type=Path, help="fidelity.csv tables or device run directories")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    require(*args.sources)
     runs = pd.concat([measured_p99(s).assign(run=k) for k, s in enumerate(args.sources)], ignore_index=True)
     rows = []
     for (cell, instances), g in runs.groupby(["cell", "instances"], sort=True):

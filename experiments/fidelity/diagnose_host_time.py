@@ -31,6 +31,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from experiments.fidelity.analyze import live_result  # noqa: E402
 from schedsim.cost.model import CostModel  # noqa: E402
 from schedsim.core.metrics import summarize  # noqa: E402
@@ -116,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replications", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    require(*args.runs)
     profile, duo = load_profile(PROFILE), load_profile(DUO)
     rows = []
     for run in args.runs:

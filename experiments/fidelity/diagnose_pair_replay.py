@@ -26,6 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from experiments.fidelity.analyze import live_result  # noqa: E402
 from schedsim.core.contention import PairSlowdown  # noqa: E402
 from schedsim.cost.model import CostModel  # noqa: E402
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     args = ap.parse_args(argv)
+    require(*args.runs)
     cost = CostModel.from_profile(load_profile(ROOT / "profiles" / "bert-base-fp16-cg-h200.csv"))
     pairs = PairSlowdown.from_meta(load_profile(ROOT / "profiles" / "bert-base-fp16-cg-2inst-h200.csv").meta,
                                    "bert-base-fp16-cg-2inst-h200")

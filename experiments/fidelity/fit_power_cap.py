@@ -27,6 +27,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from schedsim.cost.power import step_tau_ms  # noqa: E402
 
 PROBE = 32
@@ -59,6 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("batches", type=Path, help="diagnose_gpu_load.py's batches.csv")
     ap.add_argument("--write", type=Path, help="a profile sidecar to put the fit into")
     args = ap.parse_args(argv)
+    require(args.batches)
     result = fit(pd.read_csv(args.batches))
     print(json.dumps(result, indent=2))
     if args.write:

@@ -37,6 +37,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 EDGES_MS = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, np.inf)
 
 
@@ -115,6 +117,7 @@ def main(argv=None) -> int:
                     help="loops whose busy launches fit the dispatch overhead by batch size first")
     ap.add_argument("--write", action="store_true", help="store the curve in the profile's sidecar")
     args = ap.parse_args(argv)
+    require(*args.loops, *args.dispatch_loops)
     side = args.profile.with_suffix(".json")
     meta = json.loads(side.read_text())
     mean_ms = pd.read_csv(args.profile).set_index("batch").latency_ms_mean

@@ -26,6 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from experiments.raw_runs import require  # noqa: E402
+
 
 def pooled(tables: dict[str, pd.DataFrame], exclude_two_instance=(), predictions: str | None = None) -> pd.DataFrame:
     """One row per cell seen in every table's selection: predicted, live runs, median, error.
@@ -75,6 +80,7 @@ def main(argv=None) -> int:
                                            "the older tables were analysed with an older model")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    require(*args.tables)
     tables = {}
     for path in args.tables:
         t = pd.read_csv(path)

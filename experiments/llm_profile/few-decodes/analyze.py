@@ -24,6 +24,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
+from experiments.raw_runs import require  # noqa: E402
+
 from schedsim.cost import step_model as C  # noqa: E402
 
 PROFILE = HERE / "llama-1b-bf16-h200-steps-run10call.csv"
@@ -51,6 +53,7 @@ def step_errors_module():
 
 
 def main() -> int:
+    require(PROFILE, *RUNS)
     attention = with_attention(PROFILE, True).decode_attention
     p = pd.read_csv(PROFILE)
     alone = p[(p.prefill_chunk == 8192) & (p.prefill_context == 0) & (p.decode_seqs == 0)].latency_ms_mean.iloc[0]

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "experiments" / "fidelity-llm"))
 from schedsim.cost import step_model as C  # noqa: E402
 
 import pooled  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 
 PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "extended (run 11's call)": HERE / "llama-1b-bf16-h200-steps-run11call.csv"}
@@ -71,6 +72,7 @@ def scores(path: Path, runs, tmp: Path) -> str:
 
 
 def main() -> int:
+    require(*PROFILES.values(), *(FIDELITY / run for run in RUNS))
     print("profile | resident blocks | held-out % | live step error p50 eager / graph, median over cells "
           "(runs 7, 9, 11) | table median error (runs 7, 9, 11) | against the 3 runs' median: median, within 5%")
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,6 +27,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "few-decodes"))
 
 from compare_profiles import scores, variant  # noqa: E402
+from experiments.raw_runs import require  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12")
 PROFILES = {"committed (session 6)": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=",".join(RUNS), help="live runs to score on (experiments/fidelity-llm/runN)")
     runs = tuple(ap.parse_args(argv).runs.split(","))
+    require(*PROFILES.values(), *(ROOT / "experiments" / "fidelity-llm" / run for run in runs))
     print("profile | first call | held-out % | live step error p50 eager / graph, median over cells (runs "
           f"{', '.join(r[3:] for r in runs)}) | table median error | against the {len(runs)} runs' median: median, within 5%")
     with tempfile.TemporaryDirectory() as tmp:
