@@ -77,7 +77,7 @@ class _RichProgress:
 def profile(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option(help="builtin:NAME (bert-base, bert-tiny, llama-1b, llama-tiny) or an .onnx file.")] = None,
-    backend: Annotated[str, typer.Option(help="torch, onnxruntime or tensorrt.")] = "torch",
+    backend: Annotated[str, typer.Option(help="torch, onnxruntime, tensorrt or triton (through a Triton server: builtin:bert-tiny/bert-base, --device cpu or cuda).")] = "torch",
     precision: Annotated[str, typer.Option(help="fp32, fp16, bf16 or int8.")] = "fp32",
     batch_sizes: Annotated[str, typer.Option(help="Sizes and ranges, e.g. 1,2,4-64.")] = "1,2,4,8,16,32,64",
     seq_lens: Annotated[str, typer.Option(help="Sequence lengths, e.g. 128,384.")] = "128",
@@ -99,10 +99,36 @@ def profile(
     pair_batches: Annotated[Optional[str], typer.Option(help="Batch sizes of the pair grid (default: the powers of two measured, and the largest).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
     cpu: Cpu = None,
+    triton_batches: Annotated[int, typer.Option(help="triton: measured executions per batch size.")] = 200,
+    triton_warmup_batches: Annotated[int, typer.Option(help="triton: executions per size before measuring.")] = 20,
+    triton_depth: Annotated[int, typer.Option(help="triton: batches in flight per size (depth x b clients), so the server never idles.")] = 2,
+    triton_trace: Annotated[bool, typer.Option("--triton-trace/--no-triton-trace", help="triton: per-batch samples from Triton's trace (one request in b).")] = True,
+    triton_zero_delay_requests: Annotated[int, typer.Option(help="triton: sequential single requests for the zero-delay queue and request-path terms (0 skips).")] = 200,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
 ):
     """Measure a model on a backend into a cost table (CSV + JSON sidecar + raw samples)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if backend == "triton":
+        from schedsim.profiling.profiler import parse_sizes
+        from schedsim.triton.profiling import TritonProfileSpec, run_triton_profile
+
+        if model is None or out is None:
+            raise InputError("--model and --out are required (or use: schedsim profile show/compare/import)")
+        seqs = parse_sizes(seq_lens, "--seq-lens")
+        if len(seqs) != 1:
+            raise InputError(f"--seq-lens {seq_lens}: --backend triton measures one seq_len")
+        spec = TritonProfileSpec(
+            model=model, batch_sizes=parse_sizes(batch_sizes, "--batch-sizes"), seq_len=seqs[0], device=device,
+            precision=None if precision == "fp32" and device != "cuda" else precision, cuda_graphs=cuda_graphs,
+            batches=triton_batches, warmup_batches=triton_warmup_batches, depth=triton_depth, trace=triton_trace,
+            zero_delay_requests=triton_zero_delay_requests, seed=seed)
+        outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
+        for w in outcome.warnings:
+            _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        if outcome.path is None:
+            raise typer.Exit(1)
+        print(f"wrote {outcome.path} ({outcome.sizes} batch sizes through Triton)")
         return
     from schedsim.profiling.profiler import Interrupted, ProfileSpec, parse_sizes, run_profile
 

@@ -1,0 +1,485 @@
+"""``schedsim profile --backend triton``: a cost table measured through a real Triton server, under load.
+
+A batch's cost is what Triton's dynamic batcher sees between launching it and its
+responses, on a busy server: a table measured after idle gaps is wrong for a busy one
+(through the server, batch 1 took about twice as long after 50 ms of idling as inside
+busy cells). So each batch size ``b`` is measured on a model of its own
+(``profile_b{b}``: ``max_batch_size: b``, ``max_queue_delay_microseconds`` of one second,
+so the batcher sends exactly ``b`` requests when ``b`` are queued) driven closed loop by
+``depth x b`` client threads (synchronous gRPC calls, one request of one sample each):
+while one batch runs, the next is already queued, and the server never idles.
+
+Per batch size:
+
+- ``latency_ms_mean`` and ``n``: from Triton's batch_stats, the difference of two
+  snapshots around the measured stretch (``compute_input + compute_infer +
+  compute_output`` over its executions); a stretch in which Triton formed other sizes
+  is flagged;
+- the spread (p50/p90/p99/std/min/max and the raw samples): each execution's
+  COMPUTE_START -> COMPUTE_END from Triton's trace, with one request in ``b`` traced (about
+  one per batch; a trace at every request has crashed a busy GPU server) during the
+  measured stretch only;
+- the cycle: the client's time between the first and the last batch's answers over the
+  executions between them; ``cycle - compute`` is what each batch costs the instance
+  outside compute_input/infer/output (the batcher handing over the batch, the backend
+  receiving requests and sending responses).
+
+Named terms in the sidecar, and what the simulator does with them
+(:class:`schedsim.cost.model.CostModel`):
+
+- ``dispatch_overhead_us`` and ``dispatch_overhead_us_per_sample``: a least-squares line
+  through ``cycle - compute`` by batch size (``a + c (b - 1)``, both floored at 0). The
+  cost model adds ``dispatch_overhead_us + dispatch_overhead_us_per_sample (b - 1)`` to
+  every batch of ``b`` samples, so a busy instance's cycle is the table's compute plus it;
+- ``triton_terms`` (recorded, not added by the simulator): ``queue_us_at_zero_delay``, the
+  time a request spends in Triton's queue when its instance is idle and the delay is 0
+  (sequential single requests on ``profile_d0``); ``compute_input_us_per_request`` and
+  ``compute_output_us_per_request`` there; ``batch1_sequential_ms``, a batch of 1 that
+  follows a client round trip of idling; and ``request_path_us``, the client's latency
+  beyond Triton's own request time (gRPC frontend, network stack and client), which the
+  simulator's server-side latency does not include.
+
+Everything measured stays in ``OUT.triton/``: the model repository, the server's log, the
+trace file and the statistics snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from schedsim.errors import InputError
+
+QUEUE_DELAY_US = 1_000_000
+"""Delay of the per-size models: long enough that only a full batch ever leaves."""
+BUILTINS = ("bert-tiny", "bert-base")
+
+
+@dataclass(frozen=True)
+class TritonProfileSpec:
+    """What ``schedsim profile --backend triton`` measures."""
+
+    model: str = "builtin:bert-tiny"
+    """builtin:bert-tiny or builtin:bert-base."""
+    batch_sizes: tuple = (1, 2, 4, 8)
+    """Batch sizes (samples = requests of one sample) to measure."""
+    seq_len: int = 128
+    """Tokens per request."""
+    device: str | None = None
+    """cpu (KIND_CPU, numpy engine) or cuda (KIND_GPU, torch with CUDA graphs); None = cpu."""
+    precision: str | None = None
+    """cuda: fp16, bf16 or fp32 (default fp16)."""
+    cuda_graphs: bool = True
+    """cuda: one CUDA graph per batch size."""
+    threads: int = 1
+    """cpu: BLAS threads per model instance."""
+    batches: int = 200
+    """Measured executions per batch size."""
+    warmup_batches: int = 20
+    """Executions per size before the measured stretch (not counted)."""
+    depth: int = 2
+    """Batches in flight per size (depth x b client threads)."""
+    trace: bool = True
+    """Sample per-batch times from Triton's trace (one request in b); off: means only."""
+    zero_delay_requests: int = 200
+    """Sequential single requests for the zero-delay terms (0 skips them)."""
+    seed: int = 0
+    """Seed of the model weights and the token ids."""
+    ready_timeout_s: float = 300.0
+    """How long the server may take to load the models."""
+
+    def check(self) -> None:
+        name = self.model.partition(":")[2] if self.model.startswith("builtin:") else None
+        if name not in BUILTINS:
+            raise InputError(f"--model {self.model}: --backend triton profiles builtin:bert-tiny or builtin:bert-base")
+        if self.device not in (None, "cpu", "cuda"):
+            raise InputError(f"--device: {self.device!r} is not valid with --backend triton; expected cpu or cuda")
+        if self.precision not in (None, "fp32") and self.device != "cuda":
+            raise InputError(f"--precision {self.precision}: the CPU engine computes in fp32")
+        if self.precision not in (None, "fp16", "bf16", "fp32"):
+            raise InputError(f"--precision: {self.precision!r} is not valid; expected fp16, bf16 or fp32")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise InputError(f"--batch-sizes: {self.batch_sizes} must be integers >= 1")
+        if not 1 <= self.seq_len <= 512:
+            raise InputError(f"--seq-lens: {self.seq_len} is not valid; --backend triton takes one seq_len in 1..512")
+        for flag, v, lo in (("--triton-batches", self.batches, 2), ("--triton-depth", self.depth, 1),
+                            ("--triton-warmup-batches", self.warmup_batches, 0),
+                            ("--triton-zero-delay-requests", self.zero_delay_requests, 0)):
+            if v < lo:
+                raise InputError(f"{flag}: {v} is not valid; expected an integer >= {lo}")
+
+
+@dataclass
+class SizeResult:
+    """One batch size's measurement."""
+
+    batch: int
+    executions: int
+    compute_ms: dict
+    """stage -> mean ms per execution (batch_stats difference)."""
+    cycle_ms: float
+    """Client time per batch between the first and the last batch's answers."""
+    client_ms: np.ndarray
+    """Each measured request's client latency, ms."""
+    queue_us_per_request: float
+    samples_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per-execution COMPUTE_START -> COMPUTE_END from the trace, ms."""
+    other_sizes: dict = field(default_factory=dict)
+    """Executions of other sizes during the stretch (should be none)."""
+    window_ns: tuple = (0, 0)
+
+    @property
+    def mean_ms(self) -> float:
+        return sum(self.compute_ms.values())
+
+
+@dataclass(frozen=True)
+class TritonProfileOutcome:
+    path: Path | None
+    sizes: int
+    warnings: list
+
+
+def model_name(b: int) -> str:
+    return f"profile_b{b}"
+
+
+ZERO_DELAY_MODEL = "profile_d0"
+
+
+def _parameters(spec: TritonProfileSpec) -> tuple[dict, str, dict]:
+    """(config parameters, instance kind, server environment)."""
+    params = {"model": spec.model.partition(":")[2], "seed": spec.seed, "seq_lens": str(spec.seq_len)}
+    if (spec.device or "cpu") == "cpu":
+        t = str(spec.threads)
+        return params | {"engine": "numpy"}, "KIND_CPU", {
+            "OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t}
+    return params | {"engine": "torch", "precision": spec.precision or "fp16",
+                     "cuda_graphs": int(spec.cuda_graphs)}, "KIND_GPU", {}
+
+
+def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
+    """One model per batch size (only full batches leave) and the zero-delay model."""
+    from schedsim.triton.repository import model_config, write_repository
+
+    params, kind, _ = _parameters(spec)
+    hidden = 768 if spec.model.endswith("bert-base") else 128
+    repo = root / "model_repository"
+    for b in spec.batch_sizes:
+        cfg = model_config(model_name(b), policy="dynamic", kind=kind, hidden=hidden, parameters=params,
+                           params={"max_batch_size": b, "max_queue_delay_us": QUEUE_DELAY_US})
+        write_repository(repo, model_name(b), cfg)
+    if spec.zero_delay_requests:
+        cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params,
+                           params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
+        write_repository(repo, ZERO_DELAY_MODEL, cfg)
+    return repo
+
+
+def _trace_setting(url: str, model: str, body: dict) -> None:
+    req = urllib.request.Request(f"http://{url}/v2/models/{model}/trace/setting", method="POST",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, per_thread: int,
+                rng: np.random.Generator, timeout_s: float = 120.0) -> tuple[np.ndarray, np.ndarray]:
+    """``threads`` clients, each sending ``per_thread`` one-sample requests back to back
+    (synchronous gRPC); (sent_ns, answered_ns) of every request on the monotonic clock."""
+    import tritonclient.grpc as grpcclient
+
+    ids = rng.integers(1, 30000, (threads, 1, seq_len), dtype=np.int64)
+    sent = np.zeros((threads, per_thread), np.int64)
+    done = np.zeros((threads, per_thread), np.int64)
+    errors: list = []
+    start = threading.Barrier(threads + 1)
+
+    def work(k: int) -> None:
+        try:
+            client = grpcclient.InferenceServerClient(grpc_url)
+            inp = grpcclient.InferInput("INPUT_IDS", [1, seq_len], "INT64")
+            inp.set_data_from_numpy(ids[k])
+        except Exception as exc:  # noqa: BLE001 - reported below, one line
+            errors.append(exc)
+            start.abort()
+            return
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:
+            return
+        try:
+            for i in range(per_thread):
+                sent[k, i] = time.monotonic_ns()
+                client.infer(model, [inp], client_timeout=timeout_s)
+                done[k, i] = time.monotonic_ns()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            client.close()
+
+    pool = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass
+    for t in pool:
+        t.join()
+    if errors:
+        first = " ".join(str(errors[0]).split())
+        raise InputError(f"Triton answered {model} with an error ({len(errors)} client(s) stopped): {first[:240]}")
+    return sent.ravel(), done.ravel()
+
+
+def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> SizeResult:
+    from schedsim.triton.stats import snapshot
+
+    name = model_name(b)
+    threads = spec.depth * b
+    warm = math.ceil(spec.warmup_batches / spec.depth)
+    if warm:
+        closed_loop(server.grpc_url, name, spec.seq_len, threads, warm, rng)
+    per_thread = math.ceil(spec.batches / spec.depth)
+    before = snapshot(server.url, name)
+    if spec.trace:
+        _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
+    sent, done = closed_loop(server.grpc_url, name, spec.seq_len, threads, per_thread, rng)
+    if spec.trace:
+        _trace_setting(server.url, name, {"trace_level": ["OFF"]})
+    after = snapshot(server.url, name)
+    d = after.since(before, f"{server.url} statistics")
+    (raw / f"stats_{name}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
+    n = d.executions(b)
+    if n == 0:
+        raise InputError(f"{name}: Triton executed no batch of {b} during the measured stretch")
+    ends = np.sort(done)
+    executions = d.execution_count
+    cycle_ms = (ends[-1] - ends[b - 1]) / 1e6 / max(executions - 1, 1)
+    queue = d.requests.get("queue", (0, 0))
+    return SizeResult(b, n, {k: v / 1e6 for k, v in d.batch_mean_ns(b).items()}, float(cycle_ms),
+                      (done - sent) / 1e6, queue[1] / queue[0] / 1e3 if queue[0] else math.nan,
+                      other_sizes={s: d.executions(s) for s in d.batches if s != b and d.executions(s)},
+                      window_ns=(int(sent.min()), int(done.max())))
+
+
+def _plain(stats) -> dict:
+    return {"name": stats.name, "version": stats.version, "inference_count": stats.inference_count,
+            "execution_count": stats.execution_count,
+            "requests": {k: list(v) for k, v in stats.requests.items()},
+            "batches": {str(b): {k: list(v) for k, v in st.items()} for b, st in stats.batches.items()}}
+
+
+def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
+    from schedsim.triton.stats import snapshot
+
+    warm = min(20, spec.zero_delay_requests)
+    closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, warm, rng)
+    before = snapshot(server.url, ZERO_DELAY_MODEL)
+    sent, done = closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, spec.zero_delay_requests, rng)
+    after = snapshot(server.url, ZERO_DELAY_MODEL)
+    (raw / f"stats_{ZERO_DELAY_MODEL}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
+    d = after.since(before, f"{server.url} statistics")
+    per = d.request_mean_us()
+    client_us = float(np.mean(done - sent)) / 1e3
+    b1 = d.batch_mean_ns(1) if d.executions(1) else None
+    return {
+        "queue_us_at_zero_delay": round(per.get("queue", math.nan), 3),
+        "compute_input_us_per_request": round(per.get("compute_input", math.nan), 3),
+        "compute_output_us_per_request": round(per.get("compute_output", math.nan), 3),
+        "batch1_sequential_ms": round(sum(b1.values()) / 1e6, 6) if b1 else None,
+        "request_path_us": round(client_us - per.get("success", math.nan), 3),
+        "client_latency_us": round(client_us, 3),
+        "requests": int(d.requests.get("success", (0, 0))[0]),
+        "protocol": "gRPC (tritonclient), one request at a time",
+    }
+
+
+def _trace_samples(trace_path: Path, results: dict) -> tuple[dict, list]:
+    """batch -> per-execution ms from the trace, inside each size's measured window."""
+    from schedsim.triton.trace_import import read_triton_trace
+
+    out, warnings = {}, []
+    if not trace_path.is_file():
+        return out, [f"no trace file was written ({trace_path}); the table has means only"]
+    for b, res in results.items():
+        try:
+            tt = read_triton_trace(trace_path, model=model_name(b))
+        except InputError as exc:
+            warnings.append(f"batch {b}: no per-batch samples from the trace ({exc}); mean only")
+            continue
+        warnings += tt.warnings
+        start = tt.trace.meta["first_request_start_ns"] + (tt.trace.arrival_s * 1e9).round().astype(np.int64)
+        inside = (start >= res.window_ns[0]) & (start <= res.window_ns[1]) & (tt.extra["execution"] >= 0)
+        ex = tt.extra["execution"][inside]
+        compute = (tt.extra["server_compute_input_us"] + tt.extra["server_compute_infer_us"]
+                   + tt.extra["server_compute_output_us"])[inside]
+        _, first = np.unique(ex, return_index=True)
+        out[b] = compute[first] / 1e3
+    return out, warnings
+
+
+def _overhead_fit(results: dict) -> tuple[float, float, dict]:
+    b = np.array(sorted(results), dtype=np.float64)
+    outside = np.array([(results[k].cycle_ms - results[k].mean_ms) * 1e3 for k in sorted(results)])
+    if len(b) >= 2:
+        slope, icpt = np.polyfit(b - 1, outside, 1)
+    else:
+        slope, icpt = 0.0, float(outside[0])
+    if icpt < 0:  # floor the constant, refit the slope through 0
+        icpt = 0.0
+        slope = float(np.dot(b - 1, outside) / np.dot(b - 1, b - 1)) if np.any(b > 1) else 0.0
+    return max(float(icpt), 0.0), max(float(slope), 0.0), {
+        "batch": [int(x) for x in b], "cycle_ms": [round(results[k].cycle_ms, 6) for k in sorted(results)],
+        "compute_ms": [round(results[k].mean_ms, 6) for k in sorted(results)],
+        "outside_compute_us": [round(float(x), 3) for x in outside]}
+
+
+def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> TritonProfileOutcome:
+    """Measure the table; write ``out`` (CSV), its sidecar and raw samples, and ``out.triton/``."""
+    import pandas as pd
+
+    from schedsim.cost.profile import SCHEMA, save_profile
+    from schedsim.profiling.measure import machine_metadata, summarize
+    from schedsim.triton.server import TritonServer, find_tritonserver
+
+    spec.check()
+    out = Path(out)
+    raw = out.parent / f"{out.stem}.triton"
+    raw.mkdir(parents=True, exist_ok=True)
+    trace_path = raw / "trace.json"
+    trace_path.unlink(missing_ok=True)
+    started = datetime.now(timezone.utc)
+    repo = write_profile_repository(spec, raw)
+    _, kind, env = _parameters(spec)
+    args = ("--trace-config", f"triton,file={trace_path}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"rate={2**31 - 1}", "--trace-config", "triton,log-frequency=0") if spec.trace else ()
+    rng = np.random.default_rng(spec.seed)
+    results: dict = {}
+    zero: dict | None = None
+    warnings: list = []
+    error: BaseException | None = None
+    server = TritonServer(repo, raw / "tritonserver.log", find_tritonserver(), args=args, env=env,
+                          ready_timeout_s=spec.ready_timeout_s)
+    note(f"starting tritonserver ({server.install.source}) with {len(spec.batch_sizes)} models ...")
+    with server:
+        meta_server = _server_meta(server.url)
+        note(f"ready after {server.started_s:.1f} s; Triton {meta_server.get('version', '?')} at {server.url}")
+        try:
+            for b in spec.batch_sizes:
+                res = _measure_size(server, spec, b, rng, raw)
+                results[b] = res
+                note(f"batch {b:>4}: {res.executions} executions, compute {res.mean_ms:.3f} ms, "
+                     f"cycle {res.cycle_ms:.3f} ms, client p50 {np.median(res.client_ms):.3f} ms")
+            if spec.zero_delay_requests:
+                zero = _zero_delay(server, spec, rng, raw)
+                note(f"zero delay: queue {zero['queue_us_at_zero_delay']:.1f} us, request path "
+                     f"{zero['request_path_us']:.1f} us per request")
+        except (KeyboardInterrupt, InputError) as exc:  # keep what was measured, marked partial
+            error = exc
+    if isinstance(error, InputError) and not results:
+        raise error
+    samples, more = _trace_samples(trace_path, results) if spec.trace else ({}, [])
+    warnings += more
+    if not results:
+        return TritonProfileOutcome(None, 0, warnings + ["no batch size was measured, nothing written"])
+    rows, raw_samples = [], {}
+    for b, res in sorted(results.items()):
+        row = {"batch": b, "seq_len": spec.seq_len, "latency_ms_mean": res.mean_ms, "n": res.executions}
+        s = samples.get(b)
+        if s is not None and s.size >= 2:
+            st = summarize(s)
+            row |= {k: st[k] for k in ("latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "latency_ms_std")}
+            row["latency_ms_min"] = min(st["latency_ms_min"], res.mean_ms)
+            row["latency_ms_max"] = max(st["latency_ms_max"], res.mean_ms, st["latency_ms_p99"])
+            raw_samples[(b, spec.seq_len)] = s
+            if st["unstable"]:
+                warnings.append(f"batch {b} unstable: {st['unstable_reason']}")
+        else:
+            row |= {k: res.mean_ms for k in ("latency_ms_p50", "latency_ms_p90", "latency_ms_p99")}
+            row["latency_ms_std"] = 0.0
+        row |= {f"{k}_ms_mean": v for k, v in res.compute_ms.items()}
+        row |= {"cycle_ms": res.cycle_ms, "client_ms_p50": float(np.median(res.client_ms)),
+                "client_ms_p99": float(np.percentile(res.client_ms, 99)), "trace_samples": 0 if s is None else int(s.size)}
+        rows.append(row)
+        if res.other_sizes:
+            warnings.append(f"batch {b}: Triton also formed other sizes during the stretch {res.other_sizes}")
+        if res.executions < spec.batches:
+            warnings.append(f"batch {b}: {res.executions} executions, fewer than the {spec.batches} asked")
+        busy = res.queue_us_per_request / 1e3 / res.cycle_ms if res.cycle_ms > 0 else math.nan
+        if busy < 0.5:
+            warnings.append(f"batch {b}: requests waited {res.queue_us_per_request:.0f} us in the queue, under half a "
+                            f"batch cycle ({res.cycle_ms * 1e3:.0f} us): the client may not have kept the server busy, "
+                            "so the outside-compute time may include idling")
+    if raw_samples and len(raw_samples) != len(rows):
+        # The format needs samples for every cell or none: keep means for all.
+        warnings.append(f"per-batch samples for {len(raw_samples)} of {len(rows)} sizes only; the samples file is left out")
+        raw_samples = {}
+    a, c, fit = _overhead_fit(results)
+    complete = error is None and len(results) == len(spec.batch_sizes)
+    if not complete:
+        why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped by an error: {error}"
+        warnings.insert(0, f"PARTIAL PROFILE: {why}; {len(results)} of {len(spec.batch_sizes)} sizes")
+    machine = machine_metadata(probe_torch=(spec.device or "cpu") == "cuda")
+    warnings += machine["warnings"]
+    meta = {
+        "schema": SCHEMA,
+        "partial": not complete,
+        "model": spec.model,
+        "backend": "triton",
+        "backend_version": meta_server.get("version"),
+        "server": {"name": meta_server.get("name"), "version": meta_server.get("version"), **server.describe()},
+        "precision": spec.precision or ("fp16" if spec.device == "cuda" else "fp32"),
+        "cuda_graphs": bool(spec.cuda_graphs and spec.device == "cuda"),
+        "instances": 1,
+        "device": f"{spec.device or 'cpu'} ({kind})",
+        "date": started.isoformat(timespec="seconds"),
+        "duration_s": round((datetime.now(timezone.utc) - started).total_seconds(), 1),
+        "timing": ("per batch size, a model with max_batch_size b and a 1 s queue delay driven closed loop by "
+                   f"depth x b = {spec.depth} x b one-sample gRPC clients, so Triton runs full batches back to back; "
+                   "latency_ms_mean and n from the difference of Triton's batch_stats around the measured stretch "
+                   "(compute_input + compute_infer + compute_output); spread from each traced execution's "
+                   "COMPUTE_START -> COMPUTE_END (one request in b traced)"),
+        "spread": ("per-batch samples from Triton's trace" if raw_samples else
+                   "unknown: means only (percentiles = mean, std 0: the cost model takes each size's mean)"),
+        "batches": spec.batches,
+        "warmup_batches": spec.warmup_batches,
+        "depth": spec.depth,
+        "seed": spec.seed,
+        "dispatch_overhead_us": round(a, 3),
+        "dispatch_overhead_us_per_sample": round(c, 3),
+        "dispatch_overhead": {
+            "what": ("busy-server time per batch outside compute_input/infer/output: the client's batch cycle "
+                     "minus Triton's compute per batch, fitted as a + c (b - 1); the cost model adds it to every "
+                     "batch"), **fit},
+        "triton_terms": zero,
+        "triton_terms_use": ("recorded, not added by the simulator: queue_us_at_zero_delay is what the batcher "
+                             "adds before an idle instance starts a batch at delay 0; request_path_us is the client's "
+                             "latency beyond Triton's request time (compare client-side latency with the simulator's "
+                             "server-side latency plus it); batch1_sequential_ms against the table's batch 1 shows "
+                             "what idling between requests costs"),
+        "raw_dir": raw.name,
+        "machine": machine,
+        "warnings": warnings,
+    }
+    save_profile(pd.DataFrame(rows), meta, out, raw_samples or None)
+    return TritonProfileOutcome(out, len(rows), warnings)
+
+
+def _server_meta(url: str) -> dict:
+    from schedsim.triton.stats import fetch_json
+
+    try:
+        doc = fetch_json(f"http://{url}/v2")
+    except InputError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

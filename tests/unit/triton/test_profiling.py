@@ -1,0 +1,80 @@
+"""``schedsim profile --backend triton`` end to end on a real CPU Triton server (bert-tiny,
+KIND_CPU), with few samples: the table loads, covers the sizes, carries the named terms,
+and the simulator runs on it. Skipped where no tritonserver can be found."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cli_helpers import assert_one_line_error, schedsim
+from schedsim.cost.model import CostModel
+from schedsim.cost.profile import load_profile
+from schedsim.errors import InputError
+from schedsim.triton.profiling import TritonProfileSpec
+
+
+def _server_or_skip():
+    from schedsim.triton.server import find_tritonserver
+
+    try:
+        return find_tritonserver()
+    except InputError as exc:
+        pytest.skip(f"no tritonserver: {exc}")
+
+
+@pytest.mark.slow
+def test_bert_tiny_through_a_cpu_server_gives_a_table_the_simulator_runs_on(tmp_path):
+    _server_or_skip()
+    out = tmp_path / "tiny-triton.csv"
+    proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,2,4",
+                    "--seq-lens", "16", "--triton-batches", "20", "--triton-warmup-batches", "4",
+                    "--triton-zero-delay-requests", "20", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out} (3 batch sizes through Triton)" in proc.stdout
+    prof = load_profile(out)
+    assert prof.batches.tolist() == [1, 2, 4] and prof.seq_lens.tolist() == [16]
+    # Every measured execution was a full batch of its size: 20 each, from Triton's own counts.
+    assert prof.columns["n"].tolist() == [20, 20, 20]
+    meta = prof.meta
+    assert meta["backend"] == "triton" and meta["backend_version"] and meta["device"] == "cpu (KIND_CPU)"
+    assert meta["dispatch_overhead_us"] >= 0 and meta["dispatch_overhead_us_per_sample"] >= 0
+    assert meta["dispatch_overhead"]["batch"] == [1, 2, 4]
+    terms = meta["triton_terms"]
+    assert terms["requests"] == 20 and terms["queue_us_at_zero_delay"] >= 0 and terms["request_path_us"] > 0
+    # Per-batch samples from the trace: one request in b traced, so about one per execution.
+    assert prof.samples is not None
+    for b in (1, 2, 4):
+        s = prof.samples[(b, 16)]
+        assert 2 <= s.size <= 20 and (s > 0).all()
+    mean = prof.column("latency_ms_mean")[0]
+    assert np.all(mean > 0)
+    raw = out.parent / "tiny-triton.triton"
+    assert (raw / "tritonserver.log").is_file() and (raw / "trace.json").is_file()
+    assert json.loads((raw / "stats_profile_b2.json").read_text())["after"]["name"] == "profile_b2"
+
+    cost = CostModel.from_profile(prof)
+    assert cost.spread == "empirical"
+    assert cost.mean_s(2, 16) == pytest.approx(mean[1] / 1e3 + cost.dispatch_s(2))
+
+    trace = tmp_path / "arrivals.csv"
+    assert schedsim("trace", "gen", "--out", trace, "--seed", "1", "--rate", "100", "--n", "300").returncode == 0
+    run = tmp_path / "run"
+    proc = schedsim("run", trace, "--profile", out, "--max-batch-size", "4", "--max-queue-delay-us", "500",
+                    "--out", run)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] == 300 and summary["p99_ms"] > 0
+
+
+def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
+    out = tmp_path / "p.csv"
+    assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:llama-1b", "--out", out),
+                          "builtin:bert-tiny or builtin:bert-base")
+    assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
+                                   "--seq-lens", "16,32", "--out", out), "one seq_len")
+    with pytest.raises(InputError, match="--triton-depth: 0"):
+        TritonProfileSpec(depth=0).check()
+    assert not out.exists()
