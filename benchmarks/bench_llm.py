@@ -31,7 +31,8 @@ TARGET_X_REAL_TIME = 2000.0
 
 
 def one_cell(rate_scale: float, prefix: bool, repeat: int) -> dict:
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
     from schedsim.run.llm_runner import default_step_profile_path
     from schedsim.core.llm_simulate import simulate_llm
     from schedsim.registry import build_policy

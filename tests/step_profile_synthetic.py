@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from schedsim.cost.llm_shapes import CUDA_GRAPH_BATCH_SIZES
-from schedsim.cost.step_model import COLUMNS, DecodeAttention, StepProfile, feature_matrix, save_step_profile
+from schedsim.cost.step_fit import feature_matrix, save_step_profile
+from schedsim.cost.step_profile import COLUMNS, DecodeAttention, StepProfile
 
 DATA = Path(__file__).resolve().parent / "data"
 SYNTHETIC = DATA / "llm_steps_synthetic.csv"

@@ -73,7 +73,8 @@ def engine_model(cells_mod, is_smoke: bool = False, run: Path | None = None):
     """The step cost model of the cells' one live engine, with the token counts its warm-up
     runs (run_h200.py: one warm_up for all cells) as its warm ones: the warm-up ``run``
     recorded (runs 1-12 had no dense sweep of short prefills), today's without one."""
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
     from schedsim.live.llm_driver import warm_token_counts
     from schedsim.registry import build_policy
     from schedsim.core.policy import Requests
@@ -149,8 +150,9 @@ def priced_steps(steps_csv: Path, cost=None) -> dict | None:
     """
     import csv
 
-    from schedsim.cost.step_model import (KV_FEATURE, StepCostModel, gpu_bound_serial_keys, load_step_profile,
-                                   real_kv_tokens, serial_keys, step_features)
+    from schedsim.cost.step_fit import KV_FEATURE, gpu_bound_serial_keys, real_kv_tokens, serial_keys, step_features
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
     from schedsim.cost.llm_shapes import context_blocks_array, graph_batch_array
 
     steps_csv = Path(steps_csv)
@@ -205,7 +207,8 @@ def step_errors(steps_csv: Path, cost=None) -> dict:
     measured) / measured, {graph,eager}_live_host_us_p50 (the median of the live step period
     minus its GPU time) and model_step_overhead_us; {} for a log without composition columns
     (run1) and NaN where a kind has no step."""
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
 
     cost = cost or StepCostModel.from_profile(load_step_profile(PROFILE))
     p = priced_steps(steps_csv, cost)

@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT / "experiments" / "llm_profile" / "few-decodes"))
 from compare_profiles import variant  # noqa: E402
 from experiments.raw_runs import require  # noqa: E402
 
-from schedsim.cost.step_model import fit_step_profile, load_step_profile  # noqa: E402
+from schedsim.cost.step_fit import fit_step_profile
+from schedsim.cost.step_profile import load_step_profile  # noqa: E402
 
 PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "extended": ROOT / "experiments" / "llm_profile" / "few-decodes" / "llama-1b-bf16-h200-steps-run11call.csv"}

@@ -1,7 +1,7 @@
 """Mooncake's eager steps run 16-17% over their price in every run: is it the serial-keys slope?
 
 The committed step model prices an eager step's decode attention at 0.40 µs per serial key
-(schedsim.cost.step_model.serial_keys), fitted to a profile whose decode compositions sit beside
+(schedsim.cost.step_fit.serial_keys), fitted to a profile whose decode compositions sit beside
 2,048-token chunks; measured apart, beside an 8,192-token chunk, one serial key cost 1.03 µs
 (experiments/llm_profile/few-decodes/). This prints, per recorded run and cell, the median
 error of the live eager steps (predicted - measured, % of measured) with the committed model,
@@ -30,7 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.raw_runs import require  # noqa: E402
 
-from schedsim.cost import step_model as C  # noqa: E402
+from schedsim.cost.step_fit import EAGER_KNEE_TOKENS, gpu_bound_serial_keys, serial_keys  # noqa: E402
+from schedsim.cost.step_model import StepCostModel  # noqa: E402
+from schedsim.cost.step_profile import load_step_profile  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12", "run13")
 
@@ -45,13 +47,13 @@ def _analyze():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extra", type=float, default=0.6, help="ms per 1,000 serial keys added (what-if)")
-    ap.add_argument("--min-tokens", type=int, default=C.EAGER_KNEE_TOKENS,
+    ap.add_argument("--min-tokens", type=int, default=EAGER_KNEE_TOKENS,
                     help="add it to eager steps of more tokens than this (default: the knee)")
     args = ap.parse_args(argv)
     require(*(HERE / run for run in RUNS))
     an = _analyze()
-    profile = C.load_step_profile(an.PROFILE)
-    cost = C.StepCostModel.from_profile(profile)
+    profile = load_step_profile(an.PROFILE)
+    cost = StepCostModel.from_profile(profile)
     att, bs = cost._attention, cost.block_size
     # The what-if's steps are the ones gpu_bound_serial_keys counts, at --min-tokens.
     what_if = dataclasses.replace(att, gpu_bound_tokens=args.min_tokens)
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
             eager = ~priced["graph"]
             rows = steps.decode_rows.to_numpy(np.int64)
             width = np.where(rows > 0, -(-(steps.decode_max_context.to_numpy(np.int64) + 1) // bs) * bs, 0)
-            bound = eager * C.gpu_bound_serial_keys(steps.tokens.to_numpy(np.int64), rows, width, what_if, bs)
+            bound = eager * gpu_bound_serial_keys(steps.tokens.to_numpy(np.int64), rows, width, what_if, bs)
             for extra in (0.0, args.extra):
                 pred = priced["pred"] + bound * extra / 1e3
                 err = (pred - priced["meas"]) / priced["meas"] * 100
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
                 line[extra].append(f"{cell.name}:{m:+.1f}")
                 medians[extra].append(abs(m))
             if cell.name == "mooncake-prefix":
-                moon.append(pd.DataFrame({"serial_k": C.serial_keys(rows, width, att, bs)[eager] / 1e3,
+                moon.append(pd.DataFrame({"serial_k": serial_keys(rows, width, att, bs)[eager] / 1e3,
                                           "resid_ms": (priced["meas"] - priced["pred"])[eager]}))
         for extra in (0.0, args.extra):
             print(f"{run} +{extra:g} ms/1k serial keys: " + " ".join(line[extra]))

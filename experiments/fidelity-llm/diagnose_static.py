@@ -50,7 +50,8 @@ IDLE_MS = 1.0
 
 
 def cost_model(add_us: float = 0.0):
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
 
     cost = StepCostModel.from_profile(load_step_profile(analyze.PROFILE))
     a, b = cost.loop_ns

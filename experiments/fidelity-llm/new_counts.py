@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=Path, help="step profile (default: the committed one)")
     args = ap.parse_args(argv)
     require(*args.runs)
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
 
     cost = StepCostModel.from_profile(load_step_profile(args.profile or analyze.PROFILE))
     cells = [c["name"] for c in analyze.load_cells().CELLS]

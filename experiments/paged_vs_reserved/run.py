@@ -49,7 +49,8 @@ def main() -> None:
     if not TRACE.exists():
         print(f"{TRACE} not found: skipping (schedsim trace download azure-conv)")
         return
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
     from schedsim.core.llm_metrics import summarize_llm
     from schedsim.run.llm_runner import default_step_profile_path
     from schedsim.core.llm_simulate import simulate_llm

@@ -76,14 +76,12 @@ from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
 from schedsim.profiling.host import pin_cpu
 from schedsim.cost.llm_shapes import CUDA_GRAPH_BATCH_SIZES
-from schedsim.cost.step_model import FIRST_CALL_KEY, FRESH_COLUMN, HOST_COLUMN, KV_COLUMN
+from schedsim.cost.step_fit import fit_step_profile
+from schedsim.cost.step_profile import (FIRST_CALL_KEY, FRESH_COLUMN, HOST_COLUMN, KV_COLUMN, SCHEMA,
+                                        load_step_profile)
 from schedsim.profiling.measure import gpu_state, machine_metadata, summarize
 from schedsim.profiling.profiler import Interrupted, Outcome
 
-try:  # the reader defines the format; this module writes what it reads
-    from schedsim.cost.step_model import SCHEMA
-except ImportError:  # pragma: no cover - a measuring machine without the simulator's modules
-    SCHEMA = "schedsim.step_profile/1"
 KEY_COLUMNS = ("prefill_seqs", "prefill_chunk", "prefill_context", "decode_seqs", "decode_context")
 STAT_COLUMNS = ("latency_ms_mean", "latency_ms_p50", "latency_ms_p90", "latency_ms_p99",
                 "latency_ms_std", "n")
@@ -614,21 +612,13 @@ def _kept(outcome: Outcome) -> str:
 
 
 def _fit(csv_path: Path):
-    """``schedsim.cost.step_model.fit_step_profile`` of the profile just written (its ``fit`` entry).
+    """:func:`~schedsim.cost.step_fit.fit_step_profile` of the profile just written (its ``fit`` entry).
 
     Loading it back with the cost model's own reader also checks that the files are
     what the simulator reads. Returns (fit, None) or (None, why not).
     """
     try:
-        from schedsim.cost import step_model as cost
-    except ImportError as exc:
-        return None, f"schedsim.cost.step_model is not importable here: {exc}"
-    if not hasattr(cost, "fit_step_profile"):
-        return None, "schedsim.cost.step_model has no fit_step_profile"
-    try:
-        fit = cost.fit_step_profile(cost.load_step_profile(csv_path))
-        to_dict = getattr(fit, "to_dict", None) or getattr(fit, "to_meta")
-        return to_dict(), None
+        return fit_step_profile(load_step_profile(csv_path)).to_dict(), None
     except Exception as exc:  # noqa: BLE001 - the profile stands without a fit
         return None, f"fit_step_profile failed: {type(exc).__name__}: {exc}"
 
@@ -687,7 +677,7 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
     meta = {
         "schema": SCHEMA,
         "partial": not complete,
-        # Provenance (flat, as schedsim.cost.step_model reads cuda_graphs from the top level).
+        # Provenance (flat, as schedsim.cost.step_profile reads cuda_graphs from the top level).
         "device": dev_name,
         "backend": "torch",
         "torch": torch.__version__,

@@ -67,7 +67,8 @@ def default_step_profile_path() -> Path:
 
 def execute_llm(spec, options: LLMOptions, trace):
     """Run an LLM policy as ``spec`` (a :class:`~schedsim.run.runner.RunSpec`) describes."""
-    from schedsim.cost.step_model import StepCostModel, load_step_profile
+    from schedsim.cost.step_model import StepCostModel
+    from schedsim.cost.step_profile import load_step_profile
     from schedsim.core.llm_metrics import summarize_llm
     from schedsim.core.llm_simulate import simulate_llm
     from schedsim.registry import build_policy

@@ -2,7 +2,7 @@
 
 1. The eager decode-attention cost of few decodes over a long context: each 8,192-token
    chunk + decodes composition less the chunk alone, by decode rows and context, beside
-   the attention's *serial keys* (schedsim.cost.step_model.serial_keys: keys one kernel block
+   the attention's *serial keys* (schedsim.cost.step_fit.serial_keys: keys one kernel block
    sweeps, times the waves of blocks over the GPU's multiprocessors).
 2. The step model (schedsim.cost.step_model) fitted to the committed profile and to this one,
    with and without the serial-keys feature: held-out error, and the median error of the
@@ -26,23 +26,25 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.raw_runs import require  # noqa: E402
 
-from schedsim.cost import step_model as C  # noqa: E402
+from schedsim.cost.step_fit import serial_keys  # noqa: E402
+from schedsim.cost.step_model import StepCostModel  # noqa: E402
+from schedsim.cost.step_profile import ATTENTION_KEY, StepProfile, load_step_profile  # noqa: E402
 
 PROFILE = HERE / "llama-1b-bf16-h200-steps-run10call.csv"
 COMMITTED = ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv"
 RUNS = [ROOT / "experiments" / "fidelity-llm" / r for r in ("run7", "run9")]
 
 
-def with_attention(path: Path, serial: bool) -> C.StepProfile:
+def with_attention(path: Path, serial: bool) -> StepProfile:
     """The profile at ``path``, its sidecar's ``decode_attention`` set (from its own engine
     and machine entries; llama-1b has 8 KV heads) or removed, and no stored fit."""
-    profile = C.load_step_profile(path)
-    meta = {k: v for k, v in profile.meta.items() if k not in (C.ATTENTION_KEY, "fit")}
+    profile = load_step_profile(path)
+    meta = {k: v for k, v in profile.meta.items() if k not in (ATTENTION_KEY, "fit")}
     if serial:
-        meta[C.ATTENTION_KEY] = {"kv_heads": 8, "split_ctas": meta["engine"]["decode_split_ctas"],
+        meta[ATTENTION_KEY] = {"kv_heads": 8, "split_ctas": meta["engine"]["decode_split_ctas"],
                                  "min_split_blocks": meta["engine"]["min_split_blocks"],
                                  "multiprocessors": meta["machine"]["gpu_multiprocessors"]}
-    return C.StepProfile(profile.columns, meta, path)
+    return StepProfile(profile.columns, meta, path)
 
 
 def step_errors_module():
@@ -60,7 +62,7 @@ def main() -> int:
     few = p[(p.prefill_chunk == 8192) & (p.prefill_context == 0) & (p.decode_seqs > 0)].copy()
     few["decode_extra_ms"] = few.latency_ms_mean - alone
     width = -(-(few.decode_context.to_numpy() + 1) // 16) * 16
-    few["serial_keys"] = C.serial_keys(few.decode_seqs.to_numpy(np.int64), width.astype(np.int64), attention, 16)
+    few["serial_keys"] = serial_keys(few.decode_seqs.to_numpy(np.int64), width.astype(np.int64), attention, 16)
     print(f"8,192-token chunk alone: {alone:.1f} ms; with decodes (extra ms, then serial keys):")
     print(few.pivot_table(index="decode_context", columns="decode_seqs", values="decode_extra_ms").round(1).to_string())
     print(few.pivot_table(index="decode_context", columns="decode_seqs", values="serial_keys").astype(int).to_string())
@@ -70,7 +72,7 @@ def main() -> int:
     print("model | fit held-out % | live eager / graph step error, median per cell (run 7; run 9)")
     for label, path in (("committed profile", COMMITTED), ("with few decodes", PROFILE)):
         for serial in (False, True):
-            model = C.StepCostModel.from_profile(with_attention(path, serial))
+            model = StepCostModel.from_profile(with_attention(path, serial))
             cells = [[step_errors(cell / "live_steps.csv", model) for cell in sorted((r / "cells").iterdir())]
                      for r in RUNS]
             text = "; ".join(" ".join(f"{e['step_eager_err_p50_pct']:+.0f}/{e['step_graph_err_p50_pct']:+.0f}"

@@ -27,7 +27,8 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "fidelity-llm"))
 
-from schedsim.cost import step_model as C  # noqa: E402
+from schedsim.cost.step_fit import fit_step_profile  # noqa: E402
+from schedsim.cost.step_profile import ATTENTION_KEY, load_step_profile  # noqa: E402
 
 import pooled  # noqa: E402
 from experiments.raw_runs import require  # noqa: E402
@@ -56,7 +57,7 @@ def scores(path: Path, runs, tmp: Path) -> str:
     against the runs' median (pooled.py): its median and the figures within 5%."""
     import pandas as pd
 
-    fit = C.fit_step_profile(C.load_step_profile(path))
+    fit = fit_step_profile(load_step_profile(path))
     medians, steps, results = [], [], []
     for run in runs:
         res = tmp / f"res-{path.stem}-{run}"
@@ -78,7 +79,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, src in PROFILES.items():
             for blocks in (1, 4):
-                path = variant(src, Path(tmp) / f"{name[:8]}-{blocks}", C.ATTENTION_KEY,
+                path = variant(src, Path(tmp) / f"{name[:8]}-{blocks}", ATTENTION_KEY,
                                blocks_per_multiprocessor=blocks)
                 print(f"{name} | {blocks} | {scores(path, RUNS, Path(tmp))}", flush=True)
     return 0

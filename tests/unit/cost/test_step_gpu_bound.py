@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schedsim.errors import InputError
-from schedsim.cost.step_model import (ATTENTION_KEY, FEATURES, GPU_BOUND_SERIAL_FEATURE, KV_FEATURE, SERIAL_FEATURE,
-                               StepCostModel, StepProfile, feature_matrix, features_of, fit_step_profile,
-                               gpu_bound_serial_keys, serial_keys, table_digest)
+from schedsim.cost.step_fit import (FEATURES, GPU_BOUND_SERIAL_FEATURE, KV_FEATURE, SERIAL_FEATURE, feature_matrix,
+                                    features_of, fit_step_profile, gpu_bound_serial_keys, serial_keys, table_digest)
+from schedsim.cost.step_model import StepCostModel
+from schedsim.cost.step_profile import ATTENTION_KEY, StepProfile
 from step_profile_synthetic import SYNTHETIC_META, TRUE_COEF, compositions, synthetic_columns
 from step_profile_synthetic import H200, SIDE, few_decode_rows
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from schedsim.errors import InputError
-from schedsim.cost.step_model import (COLUMNS, FEATURES, FIRST_CALL_KEY, FRESH_COLUMN, KV_COLUMN, KV_FEATURE, StepCostModel,
-                               StepProfile,
-                               feature_matrix, fit_step_profile, load_step_profile, real_kv_tokens,
-                               save_step_profile, stored_fit)
+from schedsim.cost.step_fit import (FEATURES, KV_FEATURE, feature_matrix, fit_step_profile, real_kv_tokens,
+                                    save_step_profile, stored_fit)
+from schedsim.cost.step_model import StepCostModel
+from schedsim.cost.step_profile import (COLUMNS, FIRST_CALL_KEY, FRESH_COLUMN, KV_COLUMN, StepProfile,
+                                        load_step_profile)
 from schedsim.cost.llm_shapes import CUDA_GRAPH_BATCH_SIZES
 
 from step_profile_synthetic import SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions, synthetic_columns

@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schedsim.errors import InputError
-from schedsim.cost.step_model import (COLUMNS, FEATURES, ContextExtrapolationWarning, StepCostModel, StepFit,
-                               StepProfile, feature_matrix, fit_step_profile, heldout_rows,
-                               load_step_profile, save_step_profile)
+from schedsim.cost.step_fit import (FEATURES, StepFit, feature_matrix, fit_step_profile, heldout_rows,
+                                    save_step_profile)
+from schedsim.cost.step_model import ContextExtrapolationWarning, StepCostModel
+from schedsim.cost.step_profile import COLUMNS, StepProfile, load_step_profile
 from schedsim.cost.llm_shapes import CUDA_GRAPH_BATCH_SIZES
 
 from step_profile_synthetic import (SYNTHETIC, SYNTHETIC_META, TRUE_COEF, compositions, synthetic_columns,  # noqa: E402,F401
@@ -307,7 +308,7 @@ if __name__ == "__main__":
 def test_sidecar_fit_is_reused_only_for_the_same_table(tmp_path):
     """A sidecar fit made from this table is taken as it is (no scipy at run time); an
     edited table is refitted."""
-    from schedsim.cost.step_model import stored_fit
+    from schedsim.cost.step_fit import stored_fit
 
     path = save_step_profile(synthetic_profile(), tmp_path / "p.csv").path
     prof = load_step_profile(path)
@@ -324,7 +325,7 @@ def test_sidecar_fit_is_reused_only_for_the_same_table(tmp_path):
 def test_a_host_overhead_column_is_fitted_with_the_step_instead_of_one_constant(tmp_path):
     """With host_overhead_ms_p50 the model prices forward pass plus host time per composition
     and adds no step_overhead_us; without it, the constant is added as before."""
-    from schedsim.cost.step_model import HOST_COLUMN
+    from schedsim.cost.step_profile import HOST_COLUMN
 
     src = load_step_profile(SYNTHETIC)
     cols = dict(src.columns)
@@ -357,7 +358,7 @@ def test_a_host_overhead_column_is_fitted_with_the_step_instead_of_one_constant(
 
 
 def test_a_bad_host_overhead_value_names_its_line_and_column(tmp_path):
-    from schedsim.cost.step_model import HOST_COLUMN
+    from schedsim.cost.step_profile import HOST_COLUMN
 
     lines = SYNTHETIC.read_text().splitlines()
     lines[0] += f",{HOST_COLUMN}"
@@ -371,7 +372,7 @@ def test_a_bad_host_overhead_value_names_its_line_and_column(tmp_path):
 
 def _decode_ms(model, *, graph, padded, width) -> float:
     """The model's time of one graph decode step of ``padded`` rows at ``width`` tokens, ms."""
-    from schedsim.cost.step_model import step_features
+    from schedsim.cost.step_fit import step_features
 
     f = step_features(np.array([graph]), np.array([padded]), np.array([width]), *([np.array([0])] * 5),
                       np.array([0]))

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schedsim.errors import InputError
-from schedsim.cost.step_model import (ATTENTION_KEY, FEATURES, KV_FEATURE, SERIAL_FEATURE, DecodeAttention, StepCostModel,
-                               StepProfile, feature_matrix, features_of, fit_step_profile, serial_keys,
-                               table_digest)
+from schedsim.cost.step_fit import (FEATURES, KV_FEATURE, SERIAL_FEATURE, feature_matrix, features_of,
+                                    fit_step_profile, serial_keys, table_digest)
+from schedsim.cost.step_model import StepCostModel
+from schedsim.cost.step_profile import ATTENTION_KEY, DecodeAttention, StepProfile
 from step_profile_synthetic import H200, SIDE, SYNTHETIC_META, TRUE_COEF, few_decode_rows, synthetic_columns
 
 

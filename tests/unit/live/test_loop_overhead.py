@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schedsim.errors import InputError
-from schedsim.cost.step_model import ContextExtrapolationWarning, StepCostModel, StepProfile, load_step_profile
+from schedsim.cost.step_model import ContextExtrapolationWarning, StepCostModel
+from schedsim.cost.step_profile import StepProfile, load_step_profile
 from schedsim.live.loop_overhead import ROWS, NullLLMEngine, measure_loop_overhead
 from step_profile_synthetic import SYNTHETIC, SYNTHETIC_META, synthetic_columns
 

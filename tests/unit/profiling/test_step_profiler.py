@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from schedsim.cost.step_profile import SCHEMA, load_step_profile  # noqa: E402
 from schedsim.profiling.step_profiler import Composition, step_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,9 +35,7 @@ def test_quick_cpu_profile_writes_the_step_profile_format(tmp_path):
     assert lines[0] == COLUMNS
     assert len(lines) - 1 == len(step_grid(196608, quick=True))
     meta = json.loads(out.with_suffix(".json").read_text())
-    from schedsim.cost import step_model as cost
-
-    assert meta["schema"] == cost.SCHEMA and meta["partial"] is False
+    assert meta["schema"] == SCHEMA and meta["partial"] is False
     for key in ("device", "backend", "torch", "model", "dtype", "cuda_graphs", "date", "command",
                 "block_size", "cuda_graph_batch_sizes", "max_context_measured", "swap_gb_per_s",
                 "step_overhead_us"):
@@ -46,9 +45,8 @@ def test_quick_cpu_profile_writes_the_step_profile_format(tmp_path):
     assert ("fit" in meta) != ("fit_skipped" in meta)
     assert meta["cpu_pinning"] is None        # not asked for
     assert meta["first_call"]["steps"] == 40 and meta["first_call"]["priced"] is False
-    if hasattr(cost, "load_step_profile"):
-        prof = cost.load_step_profile(out)        # the simulator's own reader takes it
-        assert len(prof) == len(lines) - 1
+    prof = load_step_profile(out)        # the simulator's own reader takes it
+    assert len(prof) == len(lines) - 1
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):
