@@ -1,4 +1,4 @@
-"""The LLM fidelity table (issue 6): predicted (the simulator, here) against measured (run_h200.py).
+"""The LLM fidelity table: predicted (the simulator, here) against measured (run_h200.py).
 
     python experiments/fidelity-llm/analyze.py --prepare            # cell traces -> traces/*.npz
     python experiments/fidelity-llm/analyze.py --run PATH/fidelity-llm   # after the device run

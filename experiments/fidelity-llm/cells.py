@@ -1,4 +1,4 @@
-"""The cells of the LLM fidelity table (issue 6), shared by run_h200.py (device) and analyze.py (here).
+"""The cells of the LLM fidelity table, shared by run_h200.py (device) and analyze.py (here).
 
 A cell is one policy with its flags on one trace slice at one rate. Slices come from the
 shared traces (``../shared/traces``): the Azure LLM 2023 conversation trace from t = 1200 s

@@ -4,7 +4,7 @@ The cells run in order on one engine, so a step's token count is *new* when no e
 step of the run (this cell's or an earlier cell's) had it. For each cell: the median error
 of the step model (the committed profile, or --profile) on eager steps of up to 1,024
 tokens, new and repeated counts apart, in the cell's first and last third of eager steps.
-Session 7 found the light-load cell's new counts priced 28-38% low in its first third and
+The light-load cell's new counts were priced 28-38% low in its first third and
 between 14% low and 12% high in its last (runs 7, 9, 11, 12): a cost spent early in the
 process (fidelity-llm README).
 

@@ -55,7 +55,7 @@ def _build() -> list[dict]:
     for load in (0.25, 0.5, 0.75, 0.9):
         _add(cells, f"dyn-d100-2inst-poisson-{load:.0%}", "dynamic", d(100), load, instances=2)
     _add(cells, "dyn-d100-2inst-gamma3-50%", "dynamic", d(100), 0.5, instances=2, cv=3.0)
-    # Three instances (session 10): the pair grid's rule for several co-runners, live.
+    # Three instances: the pair grid's rule for several co-runners, live.
     for load in (0.25, 0.5, 0.75):
         _add(cells, f"dyn-d100-3inst-poisson-{load:.0%}", "dynamic", d(100), load, instances=3)
     # The dispatcher's busy-wait (150 us before each timed wake-up): the same cells with it.

@@ -2,7 +2,7 @@
 
 The two-instance profile (profiles/bert-base-fp16-cg-2inst-h200.csv) was measured with both
 instances running the same batch size. Live, a large batch mostly runs beside the other
-instance's small one (README, session 9: batches of 33-64 took 2.78 ms live and 4.23 ms in
+instance's small one (README: batches of 33-64 took 2.78 ms live and 4.23 ms in
 the simulation). This runs two CUDA-graph runners of bert-base (fp16, seq_len 128), one
 thread each (schedsim.profiling.measure.sample_concurrent, as the profiler's 2-instance cells), for
 pairs of sizes (a, b), and each size alone, and writes each side's host latency and GPU

@@ -1,4 +1,4 @@
-"""The seed's claim: paged KV raised a chatbot's concurrency from 4 to 32 where each
+"""The claim tested: paged KV raised a chatbot's concurrency from 4 to 32 where each
 request had reserved its maximum length.
 
 Same model, same memory, same trace: ``continuous --reservation max`` (Orca reserving

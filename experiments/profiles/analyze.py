@@ -1,8 +1,8 @@
-"""Check two of the seed's claims on the committed H200 profiles, and the 2-instance effect.
+"""Check two common claims against the committed H200 profiles, and the 2-instance effect.
 
     python experiments/profiles/analyze.py        # writes experiments/profiles/*.png, results.json
 
-1. FP16 against FP32 (the seed: about 2x): mean latency fp32 / fp16 per batch and seq_len,
+1. FP16 against FP32 (the claim: about 2x): mean latency fp32 / fp16 per batch and seq_len,
    with CUDA graphs (and eager).
 2. CUDA graphs against eager launches at small batch: eager / graph mean latency.
 3. Two instances on one GPU (fp16, graphs, seq 128): per-batch latency and throughput

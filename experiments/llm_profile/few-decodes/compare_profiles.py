@@ -1,4 +1,4 @@
-"""Session 7: does the extended grid, or 4 resident kernel blocks per multiprocessor, help?
+"""Does the extended grid, or 4 resident kernel blocks per multiprocessor, help?
 
 Two step profiles (the committed one, and the extended grid of measure.py measured in live
 run 11's device call on the same host, ``llama-1b-bf16-h200-steps-run11call``), each fitted

@@ -1,4 +1,4 @@
-"""Session 7: does pricing an eager step's first call of a token count help the LLM table?
+"""Does pricing an eager step's first call of a token count help the LLM table?
 
 The first time the engine runs an eager step of a token count it costs more (the GEMMs'
 kernels are chosen for the new shape; `experiments/fidelity-llm/diagnose_first_call_distance.py`:
@@ -30,7 +30,7 @@ from compare_profiles import scores, variant  # noqa: E402
 from experiments.raw_runs import require  # noqa: E402
 
 RUNS = ("run7", "run9", "run11", "run12")
-PROFILES = {"committed (session 6)": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
+PROFILES = {"committed": ROOT / "profiles" / "llama-1b-bf16-h200-steps.csv",
             "slow host": HERE / "llama-1b-bf16-h200-steps-slowhost.csv",
             "fast host": HERE / "llama-1b-bf16-h200-steps-fasthost.csv"}
 
