@@ -77,14 +77,17 @@ def _error_text(body: bytes, status: int) -> str:
 
 
 async def _send_all(url: str, model: str, rows: np.ndarray, target_ns: np.ndarray, keys: np.ndarray,
-                    parts: dict, stop, request_timeout_s: float, out: dict, warmup: int) -> None:
+                    parts: dict, stop, request_timeout_s: float, out: dict, warmup: int,
+                    connections: int = 256) -> None:
     import aiohttp
 
     endpoint = f"http://{url}/v2/models/{model}/infer"
     sent, answered, status, error = out["sent"], out["answered"], out["status"], out["error"]
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+    # At most ``connections`` requests in flight per process: beyond that, an overloaded
+    # server would be sent thousands of connections at once, and time them out.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections), timeout=timeout) as session:
 
         async def one(j: int) -> None:
             prefix, suffix = parts[keys[j]]

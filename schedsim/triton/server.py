@@ -236,7 +236,8 @@ def server_env(install: TritonInstall, extra: dict | None = None) -> dict:
         libs.append(env["LD_LIBRARY_PATH"])
     if libs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
-    env[SYS_PATH_ENV] = os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())
+    # Absolute: the stub does not run in this process's working directory.
+    env[SYS_PATH_ENV] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p and Path(p).is_dir())
     env.update(extra or {})
     return env
 
