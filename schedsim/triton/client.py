@@ -156,13 +156,14 @@ def _worker(url, model, rows, arrival_ns, keys, parts, stop, ready_q, go, t0_val
 
 def drive(url: str, model: str, arrival_ns: np.ndarray, seq_len: np.ndarray, *, processes: int = 1,
           priority: np.ndarray | None = None, timeout_us: np.ndarray | None = None, vocab: int = 30522,
-          seed: int = 0, should_stop=None, before_start=None, request_timeout_s: float = 120.0,
-          warmup: int = 16, start_delay_s: float = 0.1) -> ClientRecord:
+          seed: int = 0, should_stop=None, before_start=None, at: tuple | None = None,
+          request_timeout_s: float = 120.0, warmup: int = 16, start_delay_s: float = 0.1) -> ClientRecord:
     """Send request ``i`` at ``t0 + arrival_ns[i]`` with ``seq_len[i]`` token ids; return the record.
 
     ``should_stop()`` is polled every 20 ms once the run starts; when it returns a truthy
     value no further request is sent. ``before_start()`` runs after every worker is warm
-    and before ``t0`` (e.g. to read the server's statistics).
+    and before ``t0`` (e.g. to read the server's statistics); ``at = (offset_ns, fn)``
+    runs ``fn()`` once, within 20 ms after ``t0 + offset_ns`` (e.g. at the warm-up's end).
     """
     n = len(arrival_ns)
     processes = max(1, min(int(processes), max(n, 1)))
@@ -205,6 +206,9 @@ def drive(url: str, model: str, arrival_ns: np.ndarray, seq_len: np.ndarray, *, 
             try:
                 rows, sent, answered, status, error, failure = result_q.get(timeout=0.02)
             except Exception:  # queue.Empty: poll the stop condition
+                if at is not None and time.monotonic_ns() >= record.t0_ns + at[0]:
+                    at[1]()
+                    at = None
                 if should_stop is not None and not stop.is_set() and should_stop():
                     stop.set()
                 if not any(p.is_alive() for p in procs) and result_q.empty():

@@ -7,10 +7,11 @@ builtin encoder (:mod:`schedsim.triton.python_model`), starts ``tritonserver``
 and stops the server. With ``--triton-url HOST:PORT --triton-model NAME`` it drives a
 server the user runs (any backend); nothing is written or started.
 
-Server-side times come from Triton's statistics endpoint, read before and after the run
-(``DIR/triton_stats.json``: per batch size, executions and compute_input/infer/output
-time; queue and compute totals). That is always done. Per-request server timestamps come
-from Triton's trace API only when asked (``--triton-trace-rate N``: one request in N):
+Server-side times come from Triton's statistics endpoint, read before the run, at the end
+of ``--warmup-s`` and after the run (``DIR/triton_stats.json``: per batch size, executions
+and compute_input/infer/output time; queue and compute totals); the summary's batches are
+those between the warm-up's end and the run's end. That is always done. Per-request server
+timestamps come from Triton's trace API only when asked (``--triton-trace-rate N``: one request in N):
 tracing every request crashed a GPU server under load, so it is off by default.
 
 Outputs are those of ``schedsim live`` (requests.csv, summary.json with the same keys, so
@@ -257,8 +258,11 @@ def execute_live_triton(spec: TritonLiveSpec):
         started_ns = [0]
 
         def before_start():
-            stats["before"] = _raw_stats(url, name)
+            stats["start"] = stats["before"] = _raw_stats(url, name)
             started_ns[0] = time.monotonic_ns()
+
+        def warmup_over():  # the batches formed after this are the ones summarised
+            stats["before"] = _raw_stats(url, name)
 
         def should_stop():
             if server is not None and not server.alive():
@@ -273,7 +277,8 @@ def execute_live_triton(spec: TritonLiveSpec):
         record = drive(url, name, requests.arrival_ns, seq, processes=spec.processes,
                        priority=requests.priority if requests.priority.any() else None,
                        timeout_us=(requests.timeout_ns // 1000) if requests.timeout_ns.any() else None,
-                       seed=spec.seed, should_stop=should_stop, before_start=before_start)
+                       seed=spec.seed, should_stop=should_stop, before_start=before_start,
+                       at=(int(spec.run.warmup_s * 1e9), warmup_over) if spec.run.warmup_s > 0 else None)
         died = server is not None and not server.alive()
         stats["after"] = None if died else _raw_stats(url, name)
         death = server._died("during the run") if died else None
@@ -346,7 +351,8 @@ def execute_live_triton(spec: TritonLiveSpec):
     write_columns_csv(path, columns, list(columns))
     written.append(path)
     path = out / "triton_stats.json"
-    write_json(path, {"model": name, "url": url, "before": stats.get("before"), "after": stats.get("after"),
+    write_json(path, {"model": name, "url": url, "start": stats.get("start"), "before": stats.get("before"),
+                      "after": stats.get("after"), "warmup_s": spec.run.warmup_s,
                       "delta": delta_json(delta), "model_config": model_cfg,
                       "traced_requests": len(traced) if spec.trace_rate else None})
     written.append(path)

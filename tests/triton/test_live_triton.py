@@ -147,8 +147,9 @@ def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:
 def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
     trace = poisson_trace(tmp_path / "poisson.csv", rate=40, seconds=8)
     out = tmp_path / "out"
+    # A 200 ms queue delay keeps several requests waiting in the server when it is killed.
     cmd = [sys.executable, "-m", "schedsim.cli.main", "live", str(trace), "--backend", "triton",
-           "--policy", "dynamic", "--max-batch-size", "8", "--out", str(out)]
+           "--policy", "dynamic", "--max-batch-size", "8", "--max-queue-delay-us", "200000", "--out", str(out)]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pid = _server_pid(out)
@@ -169,8 +170,8 @@ def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] and summary["partial_reason"] == "server died"
     rows = read_csv(out / "requests.csv")
-    status = {r["status"] for r in rows}
-    assert "completed" in status and status & {"failed", "unfinished"}
+    status = [r["status"] for r in rows]
+    assert "completed" in status and "failed" in status
     assert summary["completed"] == sum(r["status"] == "completed" for r in rows) > 0
     client = read_csv(out / "triton_requests.csv")
     assert len(client) == len(rows)
@@ -186,11 +187,15 @@ def test_triton_url_drives_a_server_the_user_runs(tmp_path):
     trace = burst_trace(tmp_path / "bursts.csv", [4, 8, 2])
     with TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL) as server:
         proc = schedsim("live", trace, "--backend", "triton", *POLICY, "--triton-url", server.url,
-                        "--triton-model", "users_model", "--out", tmp_path / "out", "--json")
+                        "--triton-model", "users_model", "--warmup-s", "0.2", "--out", tmp_path / "out", "--json")
         assert server.alive()
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["batch_size_histogram"] == {"2": 1, "4": 1, "8": 1} and summary["completed"] == 14
+    # The first burst (4 requests, sent as one batch 100 ms in) falls in the warm-up: its
+    # batch is left out as the simulator leaves it out, by reading the statistics at 0.2 s.
+    assert summary["batch_size_histogram"] == {"2": 1, "8": 1} and summary["completed"] == 10
+    stats = json.loads((tmp_path / "out" / "triton_stats.json").read_text())
+    assert stats["delta"]["execution_count"] == 2 and stats["start"] != stats["before"]
     assert summary["config"]["triton_url"] == server.url
     assert not (tmp_path / "out" / "model_repository").exists()
     bad = schedsim("live", trace, "--backend", "triton", "--triton-url", server.url, "--out", tmp_path / "x")
