@@ -191,15 +191,24 @@ def _trace_setting(url: str, model: str, body: dict) -> None:
         r.read()
 
 
-def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, per_thread: int,
+def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, requests: int,
                 rng: np.random.Generator, timeout_s: float = 120.0) -> tuple[np.ndarray, np.ndarray]:
-    """``threads`` clients, each sending ``per_thread`` one-sample requests back to back
-    (synchronous gRPC); (sent_ns, answered_ns) of every request on the monotonic clock."""
+    """``threads`` clients sending ``requests`` one-sample requests in all, each client its next
+    one as soon as its last is answered (synchronous gRPC); (sent_ns, answered_ns) of every
+    request on the monotonic clock.
+
+    The requests are tickets shared by all clients, not a quota each: a client that is
+    answered first takes the next ticket, so the queue keeps filling until the last ticket
+    (with quotas, the last few clients would leave fewer than a batch queued and wait out
+    the delay)."""
+    import itertools
+
     import tritonclient.grpc as grpcclient
 
     ids = rng.integers(1, 30000, (threads, 1, seq_len), dtype=np.int64)
-    sent = np.zeros((threads, per_thread), np.int64)
-    done = np.zeros((threads, per_thread), np.int64)
+    sent = np.zeros(requests, np.int64)
+    done = np.zeros(requests, np.int64)
+    tickets = itertools.count()  # next() is atomic under the GIL
     errors: list = []
     start = threading.Barrier(threads + 1)
 
@@ -217,10 +226,10 @@ def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, per_threa
         except threading.BrokenBarrierError:
             return
         try:
-            for i in range(per_thread):
-                sent[k, i] = time.monotonic_ns()
+            while (i := next(tickets)) < requests and not errors:
+                sent[i] = time.monotonic_ns()
                 client.infer(model, [inp], client_timeout=timeout_s)
-                done[k, i] = time.monotonic_ns()
+                done[i] = time.monotonic_ns()
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -238,7 +247,7 @@ def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, per_threa
     if errors:
         first = " ".join(str(errors[0]).split())
         raise InputError(f"Triton answered {model} with an error ({len(errors)} client(s) stopped): {first[:240]}")
-    return sent.ravel(), done.ravel()
+    return sent, done
 
 
 def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> SizeResult:
@@ -246,14 +255,12 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
 
     name = model_name(b)
     threads = spec.depth * b
-    warm = math.ceil(spec.warmup_batches / spec.depth)
-    if warm:
-        closed_loop(server.grpc_url, name, spec.seq_len, threads, warm, rng)
-    per_thread = math.ceil(spec.batches / spec.depth)
+    if spec.warmup_batches:
+        closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.warmup_batches * b, rng)
     before = snapshot(server.url, name)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
-    sent, done = closed_loop(server.grpc_url, name, spec.seq_len, threads, per_thread, rng)
+    sent, done = closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.batches * b, rng)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["OFF"]})
     after = snapshot(server.url, name)
@@ -416,8 +423,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         if res.executions < spec.batches:
             warnings.append(f"batch {b}: {res.executions} executions, fewer than the {spec.batches} asked")
         busy = res.queue_us_per_request / 1e3 / res.cycle_ms if res.cycle_ms > 0 else math.nan
-        if busy < 0.5:
-            warnings.append(f"batch {b}: requests waited {res.queue_us_per_request:.0f} us in the queue, under half a "
+        if busy < 0.25:
+            warnings.append(f"batch {b}: requests waited {res.queue_us_per_request:.0f} us in the queue, under a quarter of a "
                             f"batch cycle ({res.cycle_ms * 1e3:.0f} us): the client may not have kept the server busy, "
                             "so the outside-compute time may include idling")
     if raw_samples and len(raw_samples) != len(rows):
