@@ -250,20 +250,32 @@ def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, requests:
     return sent, done
 
 
-def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> SizeResult:
+def settled_snapshot(url: str, model: str, inferences: int, timeout_s: float = 10.0):
+    """The model's statistics once they count ``inferences`` samples: Triton answers a batch's
+    requests before it adds the batch to its statistics, so a snapshot taken the moment the
+    last answer arrives can miss the last batch."""
     from schedsim.triton.stats import snapshot
 
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = snapshot(url, model)
+        if now.inference_count >= inferences or time.monotonic() > deadline:
+            return now
+        time.sleep(0.005)
+
+
+def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> SizeResult:
     name = model_name(b)
     threads = spec.depth * b
     if spec.warmup_batches:
         closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.warmup_batches * b, rng)
-    before = snapshot(server.url, name)
+    before = settled_snapshot(server.url, name, spec.warmup_batches * b)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
     sent, done = closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.batches * b, rng)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["OFF"]})
-    after = snapshot(server.url, name)
+    after = settled_snapshot(server.url, name, (spec.warmup_batches + spec.batches) * b)
     d = after.since(before, f"{server.url} statistics")
     (raw / f"stats_{name}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
     n = d.executions(b)
@@ -287,13 +299,11 @@ def _plain(stats) -> dict:
 
 
 def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
-    from schedsim.triton.stats import snapshot
-
     warm = min(20, spec.zero_delay_requests)
     closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, warm, rng)
-    before = snapshot(server.url, ZERO_DELAY_MODEL)
+    before = settled_snapshot(server.url, ZERO_DELAY_MODEL, warm)
     sent, done = closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, spec.zero_delay_requests, rng)
-    after = snapshot(server.url, ZERO_DELAY_MODEL)
+    after = settled_snapshot(server.url, ZERO_DELAY_MODEL, warm + spec.zero_delay_requests)
     (raw / f"stats_{ZERO_DELAY_MODEL}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
     d = after.since(before, f"{server.url} statistics")
     per = d.request_mean_us()
