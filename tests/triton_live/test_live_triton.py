@@ -92,8 +92,9 @@ def test_triton_forms_the_batches_the_simulator_forms(tmp_path):
         assert len({r["server_compute_start_s"] for r in burst}) == 1
         starts.append(float(burst[0]["server_compute_start_s"]))
         for r in burst:
-            assert float(r["sent_s"]) <= float(r["server_request_start_s"]) <= float(r["server_compute_start_s"])
-            assert float(r["server_compute_end_s"]) <= float(r["answered_s"])
+            # (COMPUTE_END may be stamped after the response has left: not compared.)
+            assert (float(r["sent_s"]) <= float(r["server_http_recv_start_s"]) <= float(r["server_request_start_s"])
+                    <= float(r["server_compute_start_s"]) <= float(r["answered_s"]))
             assert r["status"] == "completed" and r["http_status"] == "200"
     assert starts == sorted(starts)
     summary = json.loads((tmp_path / "live/summary.json").read_text())
