@@ -26,6 +26,13 @@ def replaced_atomically(path: str | os.PathLike):
         raise
 
 
+def write_atomically(path: str | os.PathLike, write) -> Path:
+    """Call ``write(tmp)`` on a temporary path next to ``path``, then rename it into place."""
+    with replaced_atomically(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
 def json_safe(value):
     """``value`` with numpy scalars as Python numbers and NaN/inf as null, for strict JSON."""
     if isinstance(value, np.generic):

@@ -1,44 +1,58 @@
-"""Resolve a ``--policy`` value: a built-in name, ``module:Class`` or ``file.py:Class``."""
+"""Resolve a ``--policy`` or ``--router`` value: a built-in name, ``module:Class`` or ``file.py:Class``.
+
+Built-in names come from :data:`policies.POLICIES` and :data:`policies.routers.ROUTERS`;
+anything else with a colon is a user's class, imported from a module or a file.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 
+from policies import POLICIES
+from policies.routers import ROUTERS
 from schedsim.errors import InputError
 
 
-def load_policy_class(spec: str):
-    """Return the policy class named by ``spec``."""
-    from policies import POLICIES
-
-    if spec in POLICIES:
-        return POLICIES[spec]
+def load_class(spec: str, builtins: Mapping, flag: str, names) -> type:
+    """The class ``spec`` names: ``builtins[spec]``, or a class imported from ``module:Class``
+    or ``path/to/file.py:Class``. ``flag`` (``--policy``) and ``names`` (the built-in names)
+    word the errors."""
+    if spec in builtins:
+        return builtins[spec]
     if ":" not in spec:
-        raise InputError(f"--policy: unknown policy {spec!r}; expected one of "
-                         f"{', '.join(POLICIES)}, or module:Class, or path/to/file.py:Class")
+        kind = flag.lstrip("-")
+        raise InputError(f"{flag}: unknown {kind} {spec!r}; expected one of "
+                         f"{', '.join(names)}, or module:Class, or path/to/file.py:Class")
     where, _, name = spec.rpartition(":")
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise InputError(f"--policy: {where}: no such file")
-        mod_name = f"schedsim_user_policy_{abs(hash(str(path.resolve())))}"
+            raise InputError(f"{flag}: {where}: no such file")
+        mod_name = f"schedsim_user_{flag.lstrip('-')}_{abs(hash(str(path.resolve())))}"
         module_spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:  # the user's file failed to import: say where, one line
-            raise InputError(f"--policy: {where}: failed to import: {type(exc).__name__}: {exc}") from exc
+            raise InputError(f"{flag}: {where}: failed to import: {type(exc).__name__}: {exc}") from exc
     else:
         try:
             module = importlib.import_module(where)
         except ImportError as exc:
-            raise InputError(f"--policy: cannot import module {where!r}: {exc}") from exc
+            raise InputError(f"{flag}: cannot import module {where!r}: {exc}") from exc
     cls = getattr(module, name, None)
     if cls is None or not inspect.isclass(cls):
-        raise InputError(f"--policy: {where} has no class {name!r}")
+        raise InputError(f"{flag}: {where} has no class {name!r}")
+    return cls
+
+
+def load_policy_class(spec: str):
+    """Return the policy class named by ``spec``."""
+    cls = load_class(spec, POLICIES, "--policy", POLICIES)
     if not callable(getattr(cls, "decide", None)) and not callable(getattr(cls, "schedule", None)):
         raise InputError(f"--policy: {spec}: class has no decide(now_ns, idle) method "
                          f"(request-level) nor schedule(now_ns) method (LLM)")
@@ -55,3 +69,14 @@ def build_policy(spec: str, params: dict):
         known = ", ".join(p for p in sig.parameters if p != "self") or "none"
         raise InputError(f"--policy {spec}: unknown parameter {unknown[0]!r}; it accepts: {known}")
     return cls(**params)
+
+
+def load_router(spec: str, params: dict | None = None):
+    """A router instance from a ``--router`` name, ``module:Class`` or ``file.py:Class``."""
+    cls = load_class(spec, ROUTERS, "--router", dict.fromkeys(c.name for c in ROUTERS.values()))
+    if not callable(getattr(cls, "route", None)):
+        raise InputError(f"--router: {spec}: class has no route(now_ns, row, active) method")
+    try:
+        return cls(**(params or {}))
+    except TypeError as exc:
+        raise InputError(f"--router {spec}: {exc}") from None

@@ -200,10 +200,10 @@ def _scaled(profile: Profile, scale: float) -> Profile:
 
 
 def _compare(sim_dir: Path, live_dir: Path) -> dict:
-    from schedsim.live.validate import _load_dir
+    from schedsim.live.validation import load_run_dir
 
-    sim, sim_cols = _load_dir(sim_dir, "--sim")
-    live, live_cols = _load_dir(live_dir, "--live")
+    sim, sim_cols = load_run_dir(sim_dir, "--sim")
+    live, live_cols = load_run_dir(live_dir, "--live")
     v = compare(sim, live, sim_cols, live_cols)
     v.pop("_latencies")
     return v

@@ -20,6 +20,10 @@ from schedsim.cli.summary import print_llm_summary, print_summary
 from schedsim.errors import InputError
 from schedsim.profiling.host import live_cpu_count, parse_cpu, pin_cpu
 
+# The commands import their implementation (the drivers, the simulator, numpy, pyarrow)
+# inside their bodies: --help imports this module to list them, and those imports cost
+# about 0.5 s that listing the commands does not need.
+
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
 
@@ -259,7 +263,7 @@ def live(
     --backend torch-llm runs an LLM policy (continuous, paged-kv, static on a token trace)
     on the paged-KV decoder (--model builtin:llama-1b or builtin:llama-tiny).
     """
-    from schedsim.run.runner import RunOutcome, RunSpec
+    from schedsim.run.spec import RunOutcome, RunSpec
 
     params = o.policy_params(
         max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Annotated, Optional
-
-from collections.abc import Callable, Iterator, MutableMapping
 
 import typer
 from typer.core import TyperGroup
 
 from schedsim.cli import options as o
+from schedsim.cli.summary import print_llm_summary, print_summary
 from schedsim.errors import InputError
+from schedsim.run.spec import RunSpec
 
 
 # Subcommands other than ``run`` live in their own modules, imported only when their
 # command runs (or help lists them), so ``schedsim run`` does not pay for them.
+# lazy: each pulls in the simulator, and live/profile the engines and profilers as well.
 def _mount_live(sub: typer.Typer) -> None:
     from schedsim.cli import live as cli_live
 
@@ -29,9 +31,10 @@ def _mount_live(sub: typer.Typer) -> None:
 
 
 def _mount_sweep(sub: typer.Typer) -> None:
-    from schedsim.cli import sweep as cli_sweep
+    from schedsim.cli import plan as cli_plan, sweep as cli_sweep
 
-    cli_sweep.register(sub)  # sweep, plan, autoscale
+    cli_sweep.register(sub)  # sweep
+    cli_plan.register(sub)   # plan, autoscale
 
 
 def _mount_trace(sub: typer.Typer) -> None:
@@ -168,7 +171,8 @@ def run(
     LLM policies (continuous, paged-kv, static on a trace with token columns) report
     TTFT, TPOT, ITL and end-to-end latency, token throughput and KV use instead.
     """
-    from schedsim.run.runner import RunSpec, execute
+    # lazy: the simulator (numpy, pyarrow, the policies) costs 0.2-0.4 s that --help and the other commands skip
+    from schedsim.run.runner import execute
 
     params = o.policy_params(
         max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,
@@ -189,53 +193,9 @@ def run(
     if json_output:
         o.print_json(outcome.summary)
     elif "ttft_p50_ms" in outcome.summary:
-        from schedsim.cli.llm_summary import print_llm_summary
-
         print_llm_summary(outcome)
     else:
         print_summary(outcome)
-
-
-def print_summary(outcome) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    s = outcome.summary
-    console.print(f"[bold]{outcome.title}[/bold]")
-
-    def fmt(key, unit="", digits=3):
-        return o.fmt_metric(s, key, digits, unit)
-
-    table = Table(show_header=True, header_style="bold", box=None)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("completed", fmt("completed", digits=0)), ("rejected", fmt("rejected", digits=0)),
-        ("throughput (req/s)", fmt("throughput_rps", digits=1)),
-        ("latency p50 (ms)", fmt("p50_ms")), ("latency p90 (ms)", fmt("p90_ms")),
-        ("latency p95 (ms)", fmt("p95_ms")), ("latency p99 (ms)", fmt("p99_ms")),
-        ("latency p99.9 (ms)", fmt("p999_ms")), ("latency mean (ms)", fmt("mean_ms")),
-        ("mean queue delay (ms)", fmt("mean_queue_ms")),
-        ("mean batch size (samples)", fmt("mean_batch_size", digits=2)),
-    ]
-    if s.get("unfinished"):
-        rows.insert(2, ("unfinished", fmt("unfinished", digits=0)))
-    for name, value in rows:
-        table.add_row(name, value)
-    util = s.get("utilization") or []
-    table.add_row("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-")
-    if s.get("replications", 1) > 1:
-        table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
-    console.print(table)
-    hist = s.get("batch_size_histogram") or {}
-    if hist:
-        total = sum(hist.values())
-        top = sorted(hist.items(), key=lambda kv: -kv[1])[:8]
-        console.print("batch sizes (share of batches): " + ", ".join(
-            f"{size}: {count / total:.1%}" for size, count in sorted(top)))
-    for path in outcome.written:
-        console.print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from schedsim.errors import InputError
+from schedsim.run.spec import LLMOptions
 
 Policy = Annotated[str, typer.Option(
     help="none, static, dynamic, or a user's policy as module:Class or path/file.py:Class")]
@@ -98,7 +99,7 @@ def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
 
 
 def print_json(summary: dict) -> None:
-    from schedsim.files import json_safe
+    from schedsim.files import json_safe   # lazy: it imports numpy, which --help does not need
 
     print(json.dumps(json_safe(summary), indent=2, sort_keys=True))
 
@@ -141,9 +142,7 @@ LLM_FLAGS = ("model_spec", "num_gpu_blocks", "gpu_memory_gb", "gpu_memory_utiliz
 
 
 def llm_options(values: dict):
-    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.run.llm_runner.LLMOptions`,
+    """The LLM-only flags of ``run`` and ``live`` as :class:`~schedsim.run.spec.LLMOptions`,
     from a command's arguments (its ``locals()``): :data:`LLM_FLAGS` and the SLOs."""
-    from schedsim.run.llm_runner import LLMOptions
-
     return LLMOptions(slo_ttft_ms=values["slo_ttft_ms"], slo_tpot_ms=values["slo_tpot_ms"],
                       slo_e2e_ms=values["slo_e2e_ms"], params=llm_params(**{k: values[k] for k in LLM_FLAGS}))

@@ -11,11 +11,21 @@ from rich.console import Console
 from rich.table import Table
 
 from schedsim.cli import options as o
-from schedsim.cli.sweep import Executor, Grid, Profile, RayAddress, Replications, Seed, Slo, SloP99, Workers
+from schedsim.cli.sweep import (Executor, Grid, Profile, RayAddress, Replications, Seed, Slo, SloP99, Workers,
+                                progress_bar)
 from schedsim.errors import InputError
+
+# The commands import their implementation (the drivers, the simulator, numpy, pyarrow)
+# inside their bodies: --help imports this module to list them, and those imports cost
+# about 0.5 s that listing the commands does not need.
 
 Router = Annotated[str, typer.Option(help="round-robin, least-outstanding, jsq, or module:Class / file.py:Class.")]
 GpuCost = Annotated[float, typer.Option(help="Price of one GPU-hour (one replica per GPU).")]
+
+
+def register(app) -> None:
+    app.command()(plan)
+    app.command()(autoscale)
 
 
 def plan(
@@ -47,12 +57,11 @@ def plan(
     """The fewest replicas (GPUs), and their settings, that meet the SLO at --qps; against no batching."""
     import tempfile
 
-    from schedsim.cli.sweep import progress_bar
     from schedsim.files import write_json
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import Objective, parse_slo
     from schedsim.planning.plan import DEFAULT_GRIDS, PlanSpec, plan as make_plan, trace_for_plan
-    from schedsim.run.runner import RunSpec
+    from schedsim.run.spec import RunSpec
 
     if not qps > 0:
         raise InputError(f"--qps: {qps} is not valid; expected a number > 0")
@@ -138,7 +147,7 @@ def autoscale(
 ):
     """Replay TRACE on a fleet that grows and shrinks with utilisation; compare with a fixed fleet."""
     from schedsim.planning.autoscale import UtilizationAutoscaler, compare_with_fixed
-    from schedsim.run.runner import RunSpec
+    from schedsim.run.spec import RunSpec
 
     auto = UtilizationAutoscaler(scale_up_above, scale_down_below, window_s, interval_s, cold_start_s,
                                  min_replicas, max_replicas)

@@ -28,6 +28,10 @@ from schedsim.cli.options import Cpu
 from schedsim.errors import InputError
 from schedsim.profiling.host import pin_cpu
 
+# The commands import their implementation (the drivers, the simulator, numpy, pyarrow)
+# inside their bodies: --help imports this module to list them, and those imports cost
+# about 0.5 s that listing the commands does not need.
+
 app = typer.Typer(help="Measure engines into cost tables; show and compare them.",
                   add_completion=False, pretty_exceptions_enable=False)
 

@@ -1,4 +1,4 @@
-"""``schedsim sweep``, ``schedsim plan`` and ``schedsim autoscale``.
+"""``schedsim sweep``, and the options it shares with ``schedsim plan`` and ``schedsim autoscale``.
 
 InputError propagates; the top-level CLI prints it as one line with exit status 2.
 """
@@ -14,6 +14,10 @@ from rich.table import Table
 
 from schedsim.cli import options as o
 from schedsim.errors import InputError
+
+# The commands import their implementation (the drivers, the simulator, numpy, pyarrow)
+# inside their bodies: --help imports this module to list them, and those imports cost
+# about 0.5 s that listing the commands does not need.
 
 Grid = Annotated[list[str], typer.Option(
     help="NAME=START:STOP:STEP (inclusive) or NAME=V1,V2,... (repeatable); values: numbers, "
@@ -32,10 +36,6 @@ Replications = Annotated[int, typer.Option(help="Runs per cell with seeds seed, 
 
 def register(app) -> None:
     app.command()(sweep)
-    from schedsim.cli.plan import autoscale, plan
-
-    app.command()(plan)
-    app.command()(autoscale)
 
 
 def progress_bar(total: int | None, what: str):
@@ -76,7 +76,7 @@ def sweep(
     """Run TRACE once per grid cell in parallel; rank the cells; recommend the best setting meeting the SLO."""
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import parse_objective, parse_slo
-    from schedsim.run.runner import RunSpec
+    from schedsim.run.spec import RunSpec
     from schedsim.planning.sweep import SweepSpec, run_command, run_sweep
 
     grid_values = parse_grid(grid)

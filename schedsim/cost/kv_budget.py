@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedsim.cost.llm_spec import ModelSpec, gpu_blocks, load_model_spec
 from schedsim.errors import InputError
 
 DEFAULT_GPU_MEMORY_GB = 141.0
@@ -45,8 +46,6 @@ def kv_budget(model_spec, *, block_size: int = 16, num_gpu_blocks: int | None = 
               gpu_memory_gb: float | None = None, gpu_memory_utilization: float = 0.9,
               max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
               max_model_len: int | None = None, swap_space_gb: float = 0.0) -> KVBudget:
-    from schedsim.cost.llm_spec import ModelSpec, gpu_blocks, load_model_spec
-
     if int(block_size) < 1:
         raise InputError(f"--block-size: {block_size} is not valid; expected an integer >= 1")
     if num_gpu_blocks is not None and gpu_memory_gb is not None:

@@ -54,7 +54,7 @@ import time
 
 import numpy as np
 
-from schedsim.live.loop_overhead import NullLLMEngine
+from schedsim.live.engines.null_engine import NullLLMEngine
 from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.core.llm_policy import Step
 from schedsim.core.policy import NEVER, Requests
@@ -316,7 +316,7 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
 
 
 class _CountingEngine(NullLLMEngine):
-    """A :class:`~schedsim.live.loop_overhead.NullLLMEngine` with captured graph sizes that
+    """A :class:`~schedsim.live.engines.null_engine.NullLLMEngine` with captured graph sizes that
     records each step's token count: what :func:`warm_eager` would run, run in no time."""
 
     def __init__(self, block_size: int, num_blocks: int, max_context: int, graph_batch_sizes: tuple[int, ...]):

@@ -10,12 +10,23 @@ live_steps.csv (per-step engine timings) and live.json (timing summaries, machin
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from schedsim.core.llm_metrics import summarize_llm
+from schedsim.core.policy import Requests
 from schedsim.errors import InputError
+from schedsim.files import write_json
+from schedsim.live.llm_driver import engine_context, run_live_llm, write_live_steps_csv
 from schedsim.profiling.host import parse_cpu, pin_cpu
+from schedsim.profiling.measure import gpu_state, machine_metadata
+from schedsim.registry import build_policy
+from schedsim.run.llm_report import write_llm_outputs
+from schedsim.run.llm_runner import is_llm_run
+from schedsim.run.spec import RunInputs, check_spec, policy_config
+from schedsim.traces.io import load_trace, scale_rate
 
 LLM_MODELS = ("llama-1b", "llama-tiny")
 """Builtin decoders of :mod:`schedsim.live.engines.decoder` the live LLM backend serves."""
@@ -89,20 +100,9 @@ def _check_fits(name: str, cfg, num_blocks: int, block_size: int, dtype_bytes: i
 
 def execute_live_llm(spec: LiveLLMSpec):
     """Run ``schedsim live --backend torch-llm``: returns (title, summary, written paths)."""
-    import importlib.util
-
-    from schedsim.files import write_json
-    from schedsim.live.llm_driver import engine_context, run_live_llm, write_live_steps_csv
-    from schedsim.core.llm_metrics import summarize_llm
-    from schedsim.run.llm_report import write_llm_outputs
-    from schedsim.run.llm_runner import _Inputs, is_llm_run
-    from schedsim.registry import build_policy
-    from schedsim.core.policy import Requests
-    from schedsim.run.runner import _check, policy_config
-    from schedsim.traces.io import load_trace, scale_rate
 
     run, llm = spec.run, spec.llm
-    _check(run)
+    check_spec(run)
     if spec.device not in (None, "cuda", "cpu"):
         raise InputError(f"--device: {spec.device!r} is not valid; expected cuda or cpu")
     if run.out is None:
@@ -167,7 +167,6 @@ def execute_live_llm(spec: LiveLLMSpec):
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").unlink(missing_ok=True)   # an old summary must not vouch for new files
     spin = 50.0 if spec.spin_us is None else spec.spin_us
-    from schedsim.profiling.measure import gpu_state, machine_metadata
 
     gpu_before = gpu_state() if device == "cuda" else None
     engine = PagedLLMEngine(name, budget.num_blocks, budget.block_size, device, dtypes[precision],
@@ -187,7 +186,7 @@ def execute_live_llm(spec: LiveLLMSpec):
     summary = summarize_llm(result, run.warmup_s, slo_ttft_ms=llm.slo_ttft_ms, slo_tpot_ms=llm.slo_tpot_ms,
                             slo_e2e_ms=llm.slo_e2e_ms)
     stats = {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str, dict))}
-    summary["config"] = policy_config(run, _Inputs(params, 1)) | {
+    summary["config"] = policy_config(run, RunInputs(trace, requests, policy, params, 1)) | {
         "driver": "live", "backend": "torch-llm", "model": spec.model, "device": device,
         "precision": precision, "cuda_graphs": info["cuda_graphs"], "seed": spec.seed, "spin_us": spin,
         "threads": spec.threads if device == "cpu" else None,

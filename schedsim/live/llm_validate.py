@@ -15,8 +15,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from schedsim.errors import InputError
+from schedsim.files import write_atomically
+from schedsim.live.validation import arrival_hash, compare_runs, err_pct, load_run_dir, pooled_metric, write_report
 
 LLM_METRICS = (  # (key in validation.json, key in summary.json, label)
     ("ttft_p50", "ttft_p50_ms", "TTFT p50 (ms)"),
@@ -52,8 +56,6 @@ def is_llm_summary(summary: dict) -> bool:
 
 
 def _err(p, m) -> float:
-    from schedsim.live.validate import err_pct
-
     if p is None or m is None:
         return math.nan
     if m == 0 and p == 0:
@@ -62,9 +64,7 @@ def _err(p, m) -> float:
 
 
 def _load(path: Path, what: str) -> tuple[dict, dict]:
-    from schedsim.live.validate import _load_dir
-
-    summary, cols = _load_dir(path, what, numbers=("arrival_s", "ttft_ms", "tpot_ms", "e2e_ms"))
+    summary, cols = load_run_dir(path, what, numbers=("arrival_s", "ttft_ms", "tpot_ms", "e2e_ms"))
     if not is_llm_summary(summary):
         raise InputError(f"{what} {path}: not an LLM run (its summary has no ttft_p50_ms); compare an LLM "
                          "schedsim run with an LLM schedsim live")
@@ -73,7 +73,7 @@ def _load(path: Path, what: str) -> tuple[dict, dict]:
 
 def compare_llm(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
     """The LLM comparison as a dict (validation.json without the provenance)."""
-    from scipy.stats import ks_2samp
+    from scipy.stats import ks_2samp  # lazy: scipy.stats costs about a second of start-up
 
     warmup = float(live.get("config", {}).get("warmup_s", 0.0) or 0.0)
 
@@ -117,11 +117,9 @@ def compare_llm(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
 
 def pool_llm_runs(reports: list[dict]) -> dict:
     """One LLM comparison from several (:func:`compare_llm` against each live run): each
-    metric's measurement the median over the runs (:func:`schedsim.live.validate.pooled_metric`),
+    metric's measurement the median over the runs (:func:`schedsim.live.validation.pooled_metric`),
     targets judged on it, KS against each distribution pooled over the runs."""
-    from scipy.stats import ks_2samp
-
-    from schedsim.live.validate import pooled_metric
+    from scipy.stats import ks_2samp  # lazy: scipy.stats costs about a second of start-up
 
     first = reports[0]
     out = {k: v for k, v in first.items() if k not in ("metrics", "ks", "_dists")}
@@ -151,9 +149,6 @@ def pool_llm_runs(reports: list[dict]) -> dict:
 def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     """Compare an LLM prediction with one live run (or several: ``live_dir`` a list, their
     median the measurement); write validation.json (and the plot); return the report."""
-    from schedsim.files import write_json
-    from schedsim.live.validate import arrival_hash, compare_runs
-
     live_dirs = [live_dir] if isinstance(live_dir, (str, Path)) else list(live_dir)
     sim, sim_cols, live, live_cols, report = compare_runs(sim_dir, live_dirs, _load, compare_llm, pool_llm_runs)
     live_dir = live_dirs[0]
@@ -164,26 +159,16 @@ def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dic
                   params=cfg.get("params"), instances=cfg.get("instances"), warmup_s=cfg.get("warmup_s"),
                   model=cfg.get("model"), device=cfg.get("device"),
                   profile=sim.get("config", {}).get("profile"))
-    out_dir = Path(out) if out is not None else Path(live_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    if plot:
-        written.append(plot_llm_cdfs(out_dir / "llm_cdf_validation.png", dists, report))
-    path = out_dir / "validation.json"
-    written.append(path)
-    report["written"] = [str(p) for p in written]
-    write_json(path, report)
-    return report
+    draw = (lambda out_dir: plot_llm_cdfs(out_dir / "llm_cdf_validation.png", dists, report)) if plot else None
+    return write_report(report, out, live_dir, draw)
 
 
 def plot_llm_cdfs(path: Path, dists: dict, report: dict) -> Path:
     """TTFT, TPOT and E2E CDFs, predicted and measured, side by side."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs about a second of start-up; only --plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from schedsim.run.report import _atomic
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, name in zip(axes, DISTRIBUTIONS):
@@ -196,15 +181,12 @@ def plot_llm_cdfs(path: Path, dists: dict, report: dict) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
     return path
 
 
 def print_llm_validation(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     runs = report.get("live_runs", 1)
     measured = f"the median of {runs} live runs" if runs > 1 else report["live_dir"]

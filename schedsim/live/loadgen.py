@@ -27,8 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from schedsim.core.metrics import summarize
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import ask
+from schedsim.core.simulate import simulate
+from schedsim.traces.generate import poisson
+from schedsim.traces.table import Trace
 
 SUMMARY_PERCENTILES = {"p50_ms": "50.00", "p90_ms": "90.00", "p95_ms": "95.00", "p99_ms": "99.00",
                        "p999_ms": "99.90"}
@@ -150,7 +154,7 @@ def run_loadgen(qps: float, duration_s: float, policy, engine_factory, *, seed: 
     ``mean_batch_size`` and ``arrival_s``: when each query reached the SUT (not LoadGen's
     scheduled times, which its logs do not give).
     """
-    import mlperf_loadgen as lg
+    import mlperf_loadgen as lg  # lazy: an optional package (pip install mlcommons-loadgen)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -201,11 +205,6 @@ def run_loadgen(qps: float, duration_s: float, policy, engine_factory, *, seed: 
 def predict_loadgen(qps: float, duration_s: float, policy_factory, cost, seed: int = 0,
                     seq_len: int = 128) -> dict:
     """The simulator's prediction for :func:`run_loadgen`: a Poisson trace at ``qps``, same keys."""
-    from schedsim.core.metrics import summarize
-    from schedsim.core.simulate import simulate
-    from schedsim.traces.table import Trace
-    from schedsim.traces.generate import poisson
-
     arrivals = poisson(qps, rng=np.random.default_rng(seed), duration_s=duration_s)
     trace = Trace.from_arrivals(arrivals, seq_len=np.full(len(arrivals), seq_len))
     s = summarize(simulate(Requests.from_trace(trace), policy_factory(), cost, seed=seed))

@@ -3,7 +3,7 @@
 Between two engine calls the live runner (:mod:`schedsim.live.llm_driver`) asks the policy for a
 step, builds the rows' block tables and prompt slices, and afterwards hands the tokens
 back and tells the policy the step is done. On the H200 host that took 38-72 µs + 7-10 µs
-per scheduled row in fidelity-llm run 6's medium and near-capacity cells (least squares
+per scheduled row in the LLM fidelity table's medium and near-capacity cells (least squares
 over back-to-back steps of ``schedule_us`` plus the gap after the engine call), about
 3% of a step, and the step profile (which times the engine call alone) does not hold it.
 Vidur models the same CPU overheads of vLLM's loop.
@@ -14,7 +14,7 @@ from one step's start to the next, less the engine call, is the loop's overhead;
 least-squares line over ``n`` gives ``loop_overhead_us + loop_overhead_us_per_row * rows``,
 the two sidecar keys the step cost model adds to every step
 (:class:`~schedsim.cost.step_model.StepCostModel`). The step profiler runs it on its own engine
-after the compositions. Standalone it runs against :class:`NullLLMEngine` (a step takes no
+after the compositions. Standalone it runs against :class:`~schedsim.live.engines.null_engine.NullLLMEngine` (a step takes no
 time), which misses the cache misses a real engine's step leaves behind: a lower bound.
 It is the overhead of schedsim's own loop and of the policy it ran (``paged-kv`` by
 default); a serving system's own loop has its own.
@@ -27,47 +27,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from schedsim.core.policy import Requests
+from schedsim.files import write_json
+from schedsim.live.engines.null_engine import NullLLMEngine
+from schedsim.live.llm_driver import run_live_llm
+from schedsim.profiling.host import pin_cpu
+from schedsim.registry import build_policy
+from schedsim.traces.table import Trace
+
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Concurrent requests per burst: the rows of every step in it."""
-
-
-@dataclass(frozen=True)
-class _Cfg:
-    vocab: int = 32000
-
-
-class NullLLMEngine:
-    """An engine with :class:`~schedsim.live.engines.llm_engine.PagedLLMEngine`'s interface
-    whose steps take no time: every row's next token is 1, no GPU, no memory."""
-
-    cuda_graphs = False
-    graph_batch_sizes = ()
-    last_gpu_ms = 0.0
-    last_graph = False
-
-    def __init__(self, num_blocks: int, block_size: int, max_context: int):
-        self.num_blocks, self.block_size, self.max_context = int(num_blocks), int(block_size), int(max_context)
-        self.cfg = _Cfg()
-        self.warnings: list[str] = []
-
-    def execute(self, rows) -> np.ndarray:
-        return np.ones(len(rows), np.int64)
-
-    def swap_out(self, blocks):
-        return _Handle(len(blocks))
-
-    def swap_in(self, handle, blocks) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class _Handle:
-    num_blocks: int
 
 
 def measure_loop_overhead(policy_name: str = "paged-kv", *, engine=None, rows=ROWS, steps: int = 300,
@@ -80,14 +53,9 @@ def measure_loop_overhead(policy_name: str = "paged-kv", *, engine=None, rows=RO
     the steps whose rows all decode (the prompt steps left out) are kept. ``engine``: an
     entered engine to run the steps on (the step profiler passes its own, so the loop runs
     among a real engine's cache misses; bursts whose blocks its pool cannot hold are left
-    out); None, a :class:`NullLLMEngine`. None when fewer than two burst sizes fit.
+    out); None, a :class:`~schedsim.live.engines.null_engine.NullLLMEngine`. None when fewer than two burst sizes fit.
     """
-    from scipy.stats import linregress
-
-    from schedsim.live.llm_driver import run_live_llm
-    from schedsim.registry import build_policy
-    from schedsim.core.policy import Requests
-    from schedsim.traces.table import Trace
+    from scipy.stats import linregress  # lazy: scipy.stats costs about a second of start-up
 
     per_rows, samples = {}, {}
     if engine is not None:
@@ -133,15 +101,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="decode steps per burst")
     ap.add_argument("--cpu", default=None, help="pin to this CPU first (a number or auto)")
     args = ap.parse_args(argv)
-    from schedsim.profiling.host import pin_cpu
-
     pinned = pin_cpu(args.cpu)
     out = measure_loop_overhead(args.policy, steps=args.steps)
     out["loop_overhead_fit"]["cpu_pinning"] = pinned
     print(json.dumps(out, indent=1))
     if args.profile is not None:
-        from schedsim.files import write_json
-
         write_json(args.profile, json.loads(args.profile.read_text()) | out)
     return 0
 

@@ -3,22 +3,29 @@ one when it stays low.
 
 :class:`UtilizationAutoscaler` is a pure decision object: every ``interval_s`` it is told
 the utilisation of the routable replicas over the last interval and answers +1, -1 or 0.
-:class:`Scaling` is the fleet driver's side: it measures, applies the answer (a new
+:class:`~schedsim.planning.fleet.Scaling` is the fleet driver's side: it measures, applies the answer (a new
 replica takes requests only after ``cold_start_s``; a removed one stops taking them and
 is paid for until it has drained) and keeps the log and the bill.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from schedsim.core.metrics import measured_rows, summarize
+from schedsim.core.results import COMPLETED
+from schedsim.cost.model import CostModel
+from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
-from schedsim.core.events import Scheduled
+from schedsim.planning.fleet import simulate_fleet
+from schedsim.registry import build_policy, load_router
+from schedsim.run.runner import contention_models, load_inputs
 
 
 @dataclass
 class UtilizationAutoscaler:
-    """The seed's rule: ">80% for 5 minutes" adds a replica; low for as long removes one."""
+    """A utilisation rule: above ``up_threshold`` for ``window_s`` (">80% for 5 minutes") adds a
+    replica; below ``down_threshold`` for as long removes one."""
 
     up_threshold: float = 0.8
     """Add a replica when every sample in the last ``window_s`` is above this."""
@@ -78,94 +85,10 @@ class UtilizationAutoscaler:
         return 0
 
 
-class Scaling:
-    """The autoscaler's measurements, actions, log and bill inside one fleet run."""
-
-    def __init__(self, fleet, autoscaler: UtilizationAutoscaler):
-        self.fleet, self.auto = fleet, autoscaler
-        autoscaler.reset()
-        self.interval_ns = int(round(autoscaler.interval_s * 1e9))
-        self.cold_ns = int(round(autoscaler.cold_start_s * 1e9))
-        self.starting: set[int] = set()
-        self.draining: set[int] = set()
-        first = int(fleet.requests.arrival_ns[0]) if fleet.n else 0
-        self.paid: dict[int, list] = {r: [[first, None]] for r in fleet.active}  # replica -> [[from, to]]
-        self.log: list[tuple] = []
-        self.last_busy = 0
-
-    def start(self) -> None:
-        from schedsim.planning.fleet import ROUTE
-
-        self.route_priority = ROUTE
-        Scheduled(self.fleet.env, self.interval_ns, ROUTE, self._tick)
-
-    def _busy(self, now: int) -> int:
-        return sum(self.fleet.replicas[r].busy_until(now) for r in self.fleet.active)
-
-    def _tick(self, _event) -> None:
-        fleet, now = self.fleet, self.fleet.env.now
-        busy = self._busy(now)
-        capacity = len(fleet.active) * fleet.instances * self.interval_ns
-        util = min(1.0, max(0.0, (busy - self.last_busy) / capacity)) if capacity else 0.0
-        step = self.auto.decide(now, util, len(fleet.active), len(self.starting))
-        if step > 0:
-            r = min(set(range(len(fleet.replicas))) - set(fleet.active) - self.starting)
-            self.starting.add(r)
-            self.draining.discard(r)
-            self.paid.setdefault(r, []).append([now, None])
-            self.log.append((now, "launch", r, len(fleet.active)))
-            Scheduled(fleet.env, self.cold_ns, self.route_priority, self._ready, r)
-        elif step < 0:
-            r = fleet.active[-1]
-            fleet.active.remove(r)
-            self.log.append((now, "remove", r, len(fleet.active)))
-            self._drained_or_wait(now, r)
-        # Busy time of the replicas active from now on, so the next sample is theirs alone.
-        self.last_busy = self._busy(now)
-        if (fleet.n and fleet.assign[-1] < 0) or fleet.outstanding() or self.starting:
-            Scheduled(fleet.env, self.interval_ns, self.route_priority, self._tick)
-
-    def _ready(self, event) -> None:
-        r, now = event.value, self.fleet.env.now
-        self.starting.discard(r)
-        busy_before = self.fleet.replicas[r].busy_until(now)
-        self.fleet.active = sorted(self.fleet.active + [r])
-        self.last_busy += busy_before  # it joins the measured set with its past excluded
-        self.log.append((now, "ready", r, len(self.fleet.active)))
-
-    def _drained_or_wait(self, now: int, r: int) -> None:
-        rep = self.fleet.replicas[r]
-        if rep.routed - rep.finished == 0:
-            self.paid[r][-1][1] = now
-        else:
-            self.draining.add(r)
-
-    def on_done(self, now: int, r: int) -> None:
-        if r in self.draining:
-            rep = self.fleet.replicas[r]
-            if rep.routed - rep.finished == 0:
-                self.draining.discard(r)
-                self.paid[r][-1][1] = now
-
-    def gpu_ns(self, end_ns: int) -> int:
-        return sum(min(end_ns if to is None else to, end_ns) - start
-                   for spans in self.paid.values() for start, to in spans if start < end_ns)
-
-
 def compare_with_fixed(base, autoscaler: UtilizationAutoscaler, router: str, initial: int,
                        fixed: int, slo_latency_ms: float) -> dict:
     """Run ``base`` (a RunSpec) on an autoscaled fleet and on ``fixed`` replicas; the figures
     of both: GPU-hours, latency, and SLO attainment (share of requests within the target)."""
-    from dataclasses import replace
-
-    from schedsim.cost.model import CostModel
-    from schedsim.planning.fleet import load_router, simulate_fleet
-    from schedsim.core.metrics import measured_rows, summarize
-    from schedsim.registry import build_policy
-    from schedsim.cost.profile import default_profile_path, load_profile
-    from schedsim.core.results import COMPLETED
-    from schedsim.run.runner import contention_models, load_inputs
-
     if not slo_latency_ms > 0:
         raise InputError(f"--slo-latency-ms: {slo_latency_ms} is not valid; expected a number > 0")
     if not autoscaler.min_replicas <= initial <= autoscaler.max_replicas:

@@ -7,9 +7,11 @@ only the order they arrive in differs, and callers sort.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import socket
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable, Iterator
 
 from schedsim.errors import InputError
@@ -25,9 +27,6 @@ def _ignore_sigint() -> None:
 
 def run_local(fn: Callable, jobs: list, workers: int | None) -> Iterator[tuple[int, object]]:
     """``fn(*job)`` for every job in a process pool (spawned: no forked threads or locks)."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_ignore_sigint)

@@ -20,62 +20,23 @@ Routing settles in the second pass; round robin, which ignores state, in the fir
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import simpy
 
-from schedsim.errors import InputError
 from schedsim.core.events import COMPLETION, DECISION, Scheduled
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import SimResult
 from schedsim.core.simulate import _Driver
+from schedsim.errors import InputError
+from schedsim.registry import build_policy, load_router
 
 ROUTE = (COMPLETION + DECISION) / 2
 """Arrivals are routed (and the autoscaler looks) after completions, before decisions."""
 REPLICA_SEED_STRIDE = 1_000_003
 """Replica r draws service times with seed ``seed + r * REPLICA_SEED_STRIDE`` (r=0: ``seed``)."""
 MAX_PASSES = 12
-
-
-def load_router(spec: str, params: dict | None = None):
-    """A router instance from a ``--router`` name, ``module:Class`` or ``file.py:Class``."""
-    from policies.routers import ROUTERS
-
-    params = params or {}
-    if spec in ROUTERS:
-        cls = ROUTERS[spec]
-    elif ":" not in spec:
-        names = ", ".join(dict.fromkeys(c.name for c in ROUTERS.values()))
-        raise InputError(f"--router: unknown router {spec!r}; expected one of {names}, "
-                         "or module:Class, or path/to/file.py:Class")
-    else:
-        where, _, name = spec.rpartition(":")
-        try:
-            if where.endswith(".py"):
-                if not Path(where).is_file():
-                    raise InputError(f"--router: {where}: no such file")
-                mspec = importlib.util.spec_from_file_location(
-                    f"schedsim_user_router_{abs(hash(str(Path(where).resolve())))}", where)
-                module = importlib.util.module_from_spec(mspec)
-                mspec.loader.exec_module(module)
-            else:
-                module = importlib.import_module(where)
-        except InputError:
-            raise
-        except Exception as exc:  # the user's file failed to import: one line
-            raise InputError(f"--router: {where}: failed to import: {type(exc).__name__}: {exc}") from exc
-        cls = getattr(module, name, None)
-        if cls is None or not inspect.isclass(cls) or not callable(getattr(cls, "route", None)):
-            raise InputError(f"--router: {where} has no router class {name!r} (a class with route())")
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise InputError(f"--router {spec}: {exc}") from None
 
 
 class _Replica(_Driver):
@@ -211,8 +172,6 @@ class _Fleet:
         self.active = list(range(replicas if initial is None else initial))
         self.scaling = None
         if autoscaler is not None:
-            from schedsim.planning.autoscale import Scaling
-
             self.scaling = Scaling(self, autoscaler)
 
     def run(self):
@@ -294,6 +253,79 @@ def simulate_fleet(requests: Requests, make_policy, cost, *, replicas: int, rout
                        "(a policy whose decisions depend on requests it has not been sent?)")
 
 
+class Scaling:
+    """The autoscaler's measurements, actions, log and bill inside one fleet run."""
+
+    def __init__(self, fleet, autoscaler):
+        """``autoscaler``: a :class:`~schedsim.planning.autoscale.UtilizationAutoscaler` (or
+        anything with its ``interval_s``, ``cold_start_s``, ``reset()`` and ``decide()``)."""
+        self.fleet, self.auto = fleet, autoscaler
+        autoscaler.reset()
+        self.interval_ns = int(round(autoscaler.interval_s * 1e9))
+        self.cold_ns = int(round(autoscaler.cold_start_s * 1e9))
+        self.starting: set[int] = set()
+        self.draining: set[int] = set()
+        first = int(fleet.requests.arrival_ns[0]) if fleet.n else 0
+        self.paid: dict[int, list] = {r: [[first, None]] for r in fleet.active}  # replica -> [[from, to]]
+        self.log: list[tuple] = []
+        self.last_busy = 0
+
+    def start(self) -> None:
+        Scheduled(self.fleet.env, self.interval_ns, ROUTE, self._tick)
+
+    def _busy(self, now: int) -> int:
+        return sum(self.fleet.replicas[r].busy_until(now) for r in self.fleet.active)
+
+    def _tick(self, _event) -> None:
+        fleet, now = self.fleet, self.fleet.env.now
+        busy = self._busy(now)
+        capacity = len(fleet.active) * fleet.instances * self.interval_ns
+        util = min(1.0, max(0.0, (busy - self.last_busy) / capacity)) if capacity else 0.0
+        step = self.auto.decide(now, util, len(fleet.active), len(self.starting))
+        if step > 0:
+            r = min(set(range(len(fleet.replicas))) - set(fleet.active) - self.starting)
+            self.starting.add(r)
+            self.draining.discard(r)
+            self.paid.setdefault(r, []).append([now, None])
+            self.log.append((now, "launch", r, len(fleet.active)))
+            Scheduled(fleet.env, self.cold_ns, ROUTE, self._ready, r)
+        elif step < 0:
+            r = fleet.active[-1]
+            fleet.active.remove(r)
+            self.log.append((now, "remove", r, len(fleet.active)))
+            self._drained_or_wait(now, r)
+        # Busy time of the replicas active from now on, so the next sample is theirs alone.
+        self.last_busy = self._busy(now)
+        if (fleet.n and fleet.assign[-1] < 0) or fleet.outstanding() or self.starting:
+            Scheduled(fleet.env, self.interval_ns, ROUTE, self._tick)
+
+    def _ready(self, event) -> None:
+        r, now = event.value, self.fleet.env.now
+        self.starting.discard(r)
+        busy_before = self.fleet.replicas[r].busy_until(now)
+        self.fleet.active = sorted(self.fleet.active + [r])
+        self.last_busy += busy_before  # it joins the measured set with its past excluded
+        self.log.append((now, "ready", r, len(self.fleet.active)))
+
+    def _drained_or_wait(self, now: int, r: int) -> None:
+        rep = self.fleet.replicas[r]
+        if rep.routed - rep.finished == 0:
+            self.paid[r][-1][1] = now
+        else:
+            self.draining.add(r)
+
+    def on_done(self, now: int, r: int) -> None:
+        if r in self.draining:
+            rep = self.fleet.replicas[r]
+            if rep.routed - rep.finished == 0:
+                self.draining.discard(r)
+                self.paid[r][-1][1] = now
+
+    def gpu_ns(self, end_ns: int) -> int:
+        return sum(min(end_ns if to is None else to, end_ns) - start
+                   for spans in self.paid.values() for start, to in spans if start < end_ns)
+
+
 def _fresh(obj):
     new = object.__new__(type(obj))
     new.__dict__.update({k: v for k, v in vars(obj).items()})
@@ -336,8 +368,6 @@ def local_requests(requests: Requests, rows: np.ndarray) -> Requests:
 
 def simulate_spec_fleet(spec, inputs, cost, seed: int) -> SimResult:
     """``schedsim run --replicas N --router R``: the merged table of one fleet run."""
-    from schedsim.registry import build_policy
-
     router = load_router(spec.router)
     return simulate_fleet(inputs.requests, lambda: build_policy(spec.policy, inputs.params), cost,
                           replicas=spec.replicas, router=router, instances=inputs.instances,

@@ -18,10 +18,18 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
+from schedsim.cost.model import CostModel
+from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
+from schedsim.planning.executors import run_jobs
 from schedsim.planning.grid import cells as grid_cells, label
-from schedsim.planning.objective import Constraint, Objective, meets, rank
-from schedsim.run.runner import RunSpec
+from schedsim.planning.objective import Constraint, Objective, check_keys, meets, metric_keys, rank
+from schedsim.planning.sweep import SweepSpec, absolute, check_cells, run_cell
+from schedsim.run.spec import RunSpec
+from schedsim.traces.generate import generate
+from schedsim.traces.io import load_trace, save_trace, trace_stats
 
 DEFAULT_GRIDS = {
     "dynamic": {"max_queue_delay_us": [0, 500, 1000, 2000, 5000, 10000],
@@ -68,8 +76,6 @@ class _Search:
     """Evaluations of one policy's settings at replica counts, memoised."""
 
     def __init__(self, spec: PlanSpec, base: RunSpec, grid: dict, progress):
-        from schedsim.planning.sweep import absolute
-
         self.spec, self.base, self.progress = spec, absolute(base), progress
         self.cells = grid_cells(grid) if grid else [{}]
         self.names = list(grid)
@@ -78,10 +84,6 @@ class _Search:
 
     def evaluate(self, n: int) -> dict | None:
         """The best SLO-meeting row at ``n`` replicas (None if none meets)."""
-        from schedsim.planning.executors import run_jobs
-        from schedsim.planning.objective import metric_keys
-        from schedsim.planning.sweep import run_cell
-
         if n not in self.results:
             keys = tuple(metric_keys(self.spec.slo, self.spec.objective))
             jobs = [(at_replicas(self.spec, self.base, n), cell, keys) for cell in self.cells]
@@ -89,8 +91,6 @@ class _Search:
             for i, row in run_jobs(run_cell, jobs, self.spec.executor, self.spec.workers,
                                    self.spec.ray_address):
                 if row["_missing"]:
-                    from schedsim.planning.objective import check_keys
-
                     check_keys({k: 0.0 for k in row["_known"]}, row["_missing"])
                 rows[i] = dict(row, cell=i, replicas=n, meets_slo=meets(row, self.spec.slo),
                                **{k: label(v) for k, v in self.cells[i].items()})
@@ -129,9 +129,6 @@ class _Search:
 def capacity_rps(base: RunSpec, seq_len: int) -> float:
     """An upper bound on one replica's request rate: its best samples/s at any batch size,
     one sample per request, every instance busy without contention."""
-    from schedsim.cost.model import CostModel
-    from schedsim.cost.profile import default_profile_path, load_profile
-
     cost = CostModel.from_profile(load_profile(base.profile or default_profile_path()),
                                   extrapolate=base.extrapolate)
     best = max(b / cost.mean_s(b, seq_len) for b in range(cost.min_batch, cost.max_batch + 1))
@@ -140,8 +137,6 @@ def capacity_rps(base: RunSpec, seq_len: int) -> float:
 
 def plan(spec: PlanSpec, seq_len: int = 0, progress=None) -> dict:
     """Plan ``spec.base.policy`` and the naive baseline; the plan as a dict (plan.json)."""
-    from schedsim.planning.sweep import check_cells, SweepSpec
-
     if not spec.qps > 0:
         raise InputError(f"--qps: {spec.qps} is not valid; expected a number > 0")
     if not spec.slo:
@@ -194,10 +189,6 @@ def trace_for_plan(trace: Path | None, arrival: str, cv: float | None, requests:
                    seed: int, out_dir: Path) -> tuple[Path, float, int]:
     """The trace to plan on, its mean rate and its seq_len: the given file, or one generated
     at the target rate (written into ``out_dir`` so every worker reads the same requests)."""
-    import numpy as np
-
-    from schedsim.traces.generate import generate
-    from schedsim.traces.io import load_trace, save_trace, trace_stats
 
     if trace is not None:
         loaded = load_trace(trace)

@@ -16,9 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from schedsim.errors import InputError
+from schedsim.files import replaced_atomically, write_json
+from schedsim.planning.executors import run_jobs
 from schedsim.planning.grid import cells as grid_cells, label, split_cell
 from schedsim.planning.objective import Constraint, Objective, check_keys, meets, metric_keys, pareto, rank
-from schedsim.run.runner import RunSpec
+from schedsim.registry import build_policy
+from schedsim.run.runner import execute, policy_params
+from schedsim.run.spec import RunSpec, check_spec
 
 METRICS = ("throughput_rps", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms",
            "mean_queue_ms", "mean_batch_size", "completed", "rejected", "unfinished")
@@ -86,8 +90,6 @@ def cell_spec(base: RunSpec, cell: dict) -> RunSpec:
 
 def run_cell(base: RunSpec, cell: dict, keys: tuple) -> dict:
     """One cell: its summary's scalar metrics (means over replications) and CIs."""
-    from schedsim.run.runner import execute
-
     summary = execute(cell_spec(base, cell)).summary
     row = {}
     for key in dict.fromkeys(METRICS + tuple(keys)):
@@ -106,12 +108,9 @@ def run_cell(base: RunSpec, cell: dict, keys: tuple) -> dict:
 
 def check_cells(spec: SweepSpec, cells: list[dict]) -> None:
     """Build every cell's policy here, before any work: a bad name or value is one line."""
-    from schedsim.registry import build_policy
-    from schedsim.run.runner import _check, policy_params
-
     for cell in cells:
         cspec = cell_spec(spec.base, cell)
-        _check(cspec)
+        check_spec(cspec)
         params, _ = policy_params(cspec)
         try:
             build_policy(cspec.policy, params)
@@ -159,8 +158,6 @@ def finish_row(row: dict, cell_index: int, cell: dict, spec: SweepSpec) -> dict:
 
 def run_sweep(spec: SweepSpec, progress=None) -> SweepOutcome:
     """Run every cell; write outputs; return the ranked rows. Ctrl-C keeps finished cells."""
-    from schedsim.planning.executors import run_jobs
-
     cells = grid_cells(spec.grid)
     if not cells:
         raise InputError("--grid: no cells")
@@ -234,8 +231,6 @@ def describe(row: dict, spec: SweepSpec) -> dict:
 
 
 def write_outputs(out: Path, outcome: SweepOutcome, spec: SweepSpec, cols: list[str]) -> list[Path]:
-    from schedsim.files import replaced_atomically, write_json
-
     written = []
     path = out / "sweep.csv"
     with replaced_atomically(path) as tmp:

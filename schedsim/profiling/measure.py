@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -399,8 +400,6 @@ def sample_concurrent(fns: list[Callable[[], object]], *, warmup_s: float, min_i
     last call of each thread. Samples of all threads are pooled; ``instance`` says whose.
     An exception in any thread stops all and is re-raised here.
     """
-    import threading
-
     k = len(fns)
     if k < 1:
         raise ValueError("sample_concurrent() needs at least one callable")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import platform
 import shlex
 import sys
 import time
@@ -34,9 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
+from schedsim.cost.power import step_tau_ms
+from schedsim.cost.profile import save_profile
 from schedsim.errors import InputError
+from schedsim.live.engines import trt_runner as t
+from schedsim.live.engines.base import is_out_of_memory, require
+from schedsim.live.engines.onnx_export import builtin_onnx, inspect_onnx
+from schedsim.live.engines.ort_runner import OrtRunner, converted_model, resolve_provider
 from schedsim.profiling.host import parse_cpu, pin_cpu
-from schedsim.profiling.measure import gpu_state, machine_metadata, sample_cell, sample_concurrent, summarize
+from schedsim.profiling.measure import (_csv_query, gpu_state, machine_metadata, sample_cell, sample_concurrent,
+                                        summarize)
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -202,8 +210,6 @@ def _builtin_name(model: str) -> str | None:
 
 
 def _onnx_info(spec: ProfileSpec):
-    from schedsim.live.engines.onnx_export import builtin_onnx, inspect_onnx
-
     name = _builtin_name(spec.model)
     if name is not None:
         from schedsim.live.engines.torch_encoder import CONFIGS
@@ -232,8 +238,6 @@ class _Backend:
 
     # torch: builtin modules only
     def _open_torch(self, stack):
-        from schedsim.live.engines.base import require
-
         torch = require("torch", "torch", "the torch backend")
         from schedsim.live.engines import decoder, torch_encoder
 
@@ -299,9 +303,6 @@ class _Backend:
         return runners
 
     def _open_onnxruntime(self, stack):
-        from schedsim.live.engines.base import require
-        from schedsim.live.engines.ort_runner import OrtRunner, converted_model, resolve_provider
-
         ort = require("onnxruntime", "onnxruntime", "the onnxruntime backend")
         spec = self.spec
         provider = resolve_provider(spec.provider)
@@ -312,8 +313,6 @@ class _Backend:
         self.backend_version = ort.__version__
         self.device = "cpu" if provider == "CPUExecutionProvider" else provider
         if provider == "CPUExecutionProvider":
-            import platform
-
             self.device = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
         self.model_meta = self._onnx_meta(info)
         self.timing = (f"host time of one InferenceSession.run on {provider} (inputs from "
@@ -321,8 +320,6 @@ class _Backend:
         return runners
 
     def _open_tensorrt(self, stack):
-        from schedsim.live.engines import trt_runner as t
-
         spec = self.spec
         trt = t.import_tensorrt()
         t.import_cudart()
@@ -352,8 +349,6 @@ class _Backend:
 
 
 def _gpu_name() -> str:
-    from schedsim.profiling.measure import _csv_query
-
     rows = _csv_query("name")
     return rows[0]["name"] if rows else "unknown-gpu"
 
@@ -367,8 +362,6 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
     On Ctrl-C or any error the cells already measured are written as a partial profile
     first; then the exception propagates (an out-of-memory batch becomes an InputError).
     """
-    from schedsim.live.engines.base import is_out_of_memory
-
     spec.check()
     progress = progress or Progress()
     out = Path(out)
@@ -533,7 +526,6 @@ def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
     """
     if spec.power_cap_s <= 0:
         return None
-    from schedsim.cost.power import step_tau_ms
 
     s = spec.seq_lens[0]
     sizes = sorted(spec.batch_sizes)
@@ -629,8 +621,6 @@ def _pair_slowdown(runners, spec: ProfileSpec, progress: Progress) -> dict | Non
 
 def _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
            gpu_before, started, command, error, pinning) -> Outcome:
-    from schedsim.cost.profile import save_profile
-
     import pandas as pd
 
     complete = error is None and len(results) == len(spec.cells)

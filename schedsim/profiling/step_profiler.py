@@ -61,8 +61,10 @@ as ``schedsim profile llm`` without typer and rich (:func:`main`).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
+import platform
 import shlex
 import sys
 import time
@@ -72,13 +74,14 @@ from pathlib import Path
 
 import numpy as np
 
-from schedsim.errors import InputError
-from schedsim.files import replaced_atomically, write_json
-from schedsim.profiling.host import pin_cpu
 from schedsim.cost.llm_shapes import CUDA_GRAPH_BATCH_SIZES
 from schedsim.cost.step_fit import fit_step_profile
-from schedsim.cost.step_profile import (FIRST_CALL_KEY, FRESH_COLUMN, HOST_COLUMN, KV_COLUMN, SCHEMA,
-                                        load_step_profile)
+from schedsim.cost.step_profile import FIRST_CALL_KEY, FRESH_COLUMN, HOST_COLUMN, KV_COLUMN, SCHEMA, load_step_profile
+from schedsim.errors import InputError
+from schedsim.files import replaced_atomically, write_json
+from schedsim.live.engines.base import is_out_of_memory, require
+from schedsim.live.loop_overhead import measure_loop_overhead
+from schedsim.profiling.host import pin_cpu
 from schedsim.profiling.measure import gpu_state, machine_metadata, summarize
 from schedsim.profiling.profiler import Interrupted, Outcome
 
@@ -396,8 +399,6 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     profile first; then the exception propagates (out of memory becomes an InputError,
     Ctrl-C :class:`~schedsim.profiling.profiler.Interrupted`).
     """
-    from schedsim.live.engines.base import is_out_of_memory, require
-
     spec.check()
     out = Path(out)
     if out.suffix.lower() != ".csv":
@@ -405,7 +406,6 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     torch = require("torch", "torch", "the LLM step profiler")
     from schedsim.live.engines import decoder
     from schedsim.live.engines.llm_engine import EngineRow, PagedLLMEngine
-    from schedsim.live.loop_overhead import measure_loop_overhead
 
     name = spec.model.split(":", 1)[1]
     if name not in decoder.CONFIGS:
@@ -872,15 +872,11 @@ def _description(name: str) -> str:
 
 
 def _cpu_name() -> str:
-    import platform
-
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
 
 
 def main(argv: list[str] | None = None) -> int:
     """``schedsim profile llm`` for a measuring machine without typer and rich (plain progress)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m schedsim.profiling.step_profiler",
                                  description="Measure LLM engine steps into a step profile "
                                              "(the flags of `schedsim profile llm`).")

@@ -3,43 +3,24 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from schedsim.core.llm_metrics import summarize_llm
+from schedsim.core.llm_simulate import simulate_llm
+from schedsim.core.metrics import combine_replications
+from schedsim.core.policy import Requests
+from schedsim.cost.step_model import StepCostModel
+from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
+from schedsim.live.llm_driver import live_warm_tokens
+from schedsim.registry import build_policy, load_policy_class
+from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, policy_config
+from schedsim.traces.io import scale_rate
 
 LLM_POLICY_NAMES = ("continuous", "paged-kv", "llm-static")
 
 DEFAULT_STEP_PROFILE = "llama-1b-bf16-h200-steps.csv"
 """The bundled decoder step profile (under profiles/), measured on an H200."""
-
-
-@dataclass(frozen=True)
-class LLMOptions:
-    """The LLM-only flags of ``schedsim run``."""
-
-    slo_ttft_ms: float | None = None
-    """Goodput: a request meets the SLO only if its TTFT is at most this."""
-    slo_tpot_ms: float | None = None
-    """... and its TPOT at most this."""
-    slo_e2e_ms: float | None = None
-    """... and its end-to-end latency at most this."""
-    params: dict = field(default_factory=dict)
-    """LLM policy parameters given explicitly (model_spec, block_size, ...)."""
-
-
-    def given(self) -> list[str]:
-        """The LLM flags set, as the user typed them."""
-        flags = [f"--{k.replace('_', '-')}" for k in self.params]
-        flags += [f for f, v in (("--slo-ttft-ms", self.slo_ttft_ms), ("--slo-tpot-ms", self.slo_tpot_ms),
-                                 ("--slo-e2e-ms", self.slo_e2e_ms)) if v is not None]
-        return flags
-
-    def reject_for_request_level(self, policy: str) -> None:
-        if self.given():
-            raise InputError(f"{self.given()[0]}: applies to LLM policies (continuous, paged-kv, static "
-                             f"on a trace with input_tokens/output_tokens), not --policy {policy} "
-                             f"on this trace")
 
 
 def might_be_llm(policy: str, options: LLMOptions) -> bool:
@@ -54,8 +35,6 @@ def is_llm_run(policy: str, trace) -> bool:
     if policy == "static":
         return bool(len(trace)) and bool((trace.output_tokens > 0).all())
     if ":" in policy:
-        from schedsim.registry import load_policy_class
-
         return bool(getattr(load_policy_class(policy), "llm", False))
     return False
 
@@ -66,15 +45,7 @@ def default_step_profile_path() -> Path:
 
 
 def execute_llm(spec, options: LLMOptions, trace):
-    """Run an LLM policy as ``spec`` (a :class:`~schedsim.run.runner.RunSpec`) describes."""
-    from schedsim.cost.step_model import StepCostModel
-    from schedsim.cost.step_profile import load_step_profile
-    from schedsim.core.llm_metrics import summarize_llm
-    from schedsim.core.llm_simulate import simulate_llm
-    from schedsim.registry import build_policy
-    from schedsim.core.policy import Requests
-    from schedsim.run.runner import RunOutcome, policy_config
-    from schedsim.traces.io import scale_rate
+    """Run an LLM policy as ``spec`` (a :class:`~schedsim.run.spec.RunSpec`) describes."""
 
     for flag, value in (("--slo-ttft-ms", options.slo_ttft_ms), ("--slo-tpot-ms", options.slo_tpot_ms),
                         ("--slo-e2e-ms", options.slo_e2e_ms)):
@@ -99,8 +70,6 @@ def execute_llm(spec, options: LLMOptions, trace):
     if budget is not None:
         cost.bytes_per_block = budget.block_size * budget.spec.kv_bytes_per_token
         if cost.first_call_ns:   # what `schedsim live` runs before its clock starts pays no first call
-            from schedsim.live.llm_driver import live_warm_tokens
-
             cost.warm_tokens = live_warm_tokens(requests, policy, profile.cuda_graph_batch_sizes)
 
     results, summaries = [], []
@@ -116,11 +85,9 @@ def execute_llm(spec, options: LLMOptions, trace):
     if len(summaries) == 1:
         summary = summaries[0]
     else:
-        from schedsim.core.metrics import combine_replications
-
         summary = combine_replications(summaries)
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
-    summary["config"] = policy_config(spec, _Inputs(spec.params | options.params, 1)) | {
+    summary["config"] = policy_config(spec, RunInputs(trace, requests, policy, spec.params | options.params, 1)) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "slo_ttft_ms": options.slo_ttft_ms, "slo_tpot_ms": options.slo_tpot_ms,
         "slo_e2e_ms": options.slo_e2e_ms, "policy_stats": stats}
@@ -135,9 +102,3 @@ def execute_llm(spec, options: LLMOptions, trace):
         outcome.written = write_llm_outputs(spec.out, results[0], trace.request_id, summary,
                                             spec.plot, spec.warmup_s)
     return outcome
-
-
-@dataclass
-class _Inputs:
-    params: dict
-    instances: int

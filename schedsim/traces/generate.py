@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from schedsim.errors import InputError
+from schedsim.traces.io import load_trace
 from schedsim.traces.table import Trace
 
 __all__ = [
@@ -314,7 +315,6 @@ def parse_length(spec: str, column: str = "batch", *, name: str | None = None) -
         head, sep, tail = rest.rpartition(":")
         if sep and tail in LENGTH_COLUMNS and head:
             path, col = head, tail
-        from schedsim.traces.io import load_trace
 
         trace = load_trace(path)
         present = trace.meta.get("columns", list(LENGTH_COLUMNS))

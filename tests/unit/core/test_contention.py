@@ -195,7 +195,8 @@ def test_profile_show_prints_the_pair_grid():
 
 
 def test_a_one_replica_fleet_shares_the_gpu_as_the_plain_simulation_does():
-    from schedsim.planning.fleet import load_router, simulate_fleet
+    from schedsim.planning.fleet import simulate_fleet
+    from schedsim.registry import load_router
 
     req = Requests.from_trace(Trace.from_arrivals(np.sort(np.random.default_rng(4).uniform(0, 0.3, 2500))))
     make = lambda: DynamicBatcher(max_batch_size=16, max_queue_delay_us=100)  # noqa: E731

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from schedsim.errors import InputError
 from schedsim.cost.step_model import ContextExtrapolationWarning, StepCostModel
 from schedsim.cost.step_profile import StepProfile, load_step_profile
-from schedsim.live.loop_overhead import ROWS, NullLLMEngine, measure_loop_overhead
+from schedsim.live.engines.null_engine import NullLLMEngine
+from schedsim.live.loop_overhead import ROWS, measure_loop_overhead
 from step_profile_synthetic import SYNTHETIC, SYNTHETIC_META, synthetic_columns
 
 

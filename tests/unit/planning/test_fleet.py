@@ -14,7 +14,8 @@ from policies.basic import NoBatching, StaticBatching
 from policies.dynamic import DynamicBatcher
 from schedsim.planning.autoscale import UtilizationAutoscaler
 from schedsim.errors import InputError
-from schedsim.planning.fleet import REPLICA_SEED_STRIDE, load_router, local_requests, simulate_fleet
+from schedsim.planning.fleet import REPLICA_SEED_STRIDE, local_requests, simulate_fleet
+from schedsim.registry import load_router
 from schedsim.core.policy import Requests
 from schedsim.core.results import COMPLETED
 from schedsim.core.simulate import simulate
