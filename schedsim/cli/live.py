@@ -234,7 +234,7 @@ def live(
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json, batches.csv, live.json here (required).")] = None,
     plot: Annotated[bool, typer.Option(help="Also write the plots of schedsim run.")] = False,
     json_output: o.JsonOutput = False,
-    # --- LLM live backend (--backend torch-llm; issue 6): the LLM flags of schedsim run ---
+    # --- LLM live backend (--backend torch-llm): the LLM flags of schedsim run ---
     model_spec: o.ModelSpec = None,
     num_gpu_blocks: o.NumGpuBlocks = None,
     gpu_memory_gb: o.GpuMemoryGb = None,
@@ -294,7 +294,7 @@ def live(
         return
     if triton_url or triton_model or triton_trace_rate is not None:
         raise InputError("--triton-url, --triton-model and --triton-trace-rate apply to --backend triton")
-    # --- LLM live backend (issue 6) ---
+    # --- LLM live backend ---
     llm = o.llm_options(locals())
     if backend == "torch-llm":
         from schedsim.live.llm_run import LiveLLMSpec, execute_live_llm

@@ -1,7 +1,7 @@
 """A policy's KV budget: model spec + memory flags -> GPU blocks, swap blocks, max length.
 
 One function so that ``paged-kv``, ``continuous`` and LLM ``static`` given the same flags
-manage the same memory (the comparison the seed's 4-vs-32 concurrency claim rests on).
+manage the same memory (what a comparison of their concurrency at equal memory rests on).
 """
 
 from __future__ import annotations

@@ -114,14 +114,14 @@ class DecodeAttention:
     memory-efficient kernel is built for 16 warps per multiprocessor in 16-bit types on sm80
     and later, in blocks of 4 warps, which makes 4; refitting the committed H200 profile
     with 4 moved its held-out error from 5.42% to 5.33% but the LLM fidelity table's median
-    error up (experiments/fidelity-llm/README.md, session 7), so the profiler leaves it out."""
+    error up (experiments/fidelity-llm/README.md), so the profiler leaves it out."""
     gpu_bound_tokens: int = field(default=0, repr=False)   # out of repr: table_digest
     """Eager steps of more tokens than this are bound by their GPU work, not their launches:
     their decode attention, when its blocks leave multiprocessors idle, adds its serial keys'
     time on top (feature :data:`~schedsim.cost.step_fit.GPU_BOUND_SERIAL_FEATURE`, :func:`~schedsim.cost.step_fit.gpu_bound_serial_keys`).
     Optional in the sidecar; 0 (absent) leaves the feature out. On the H200 a chunk alone took
     7.5 ms at 512 tokens, 8.3 at 1,024, 12.9 at 2,048 and 53 at 8,192: the launches bind up to
-    about 1,024 tokens and the work from 2,048 (experiments/fidelity-llm/README.md, session 10)."""
+    about 1,024 tokens and the work from 2,048 (experiments/fidelity-llm/README.md)."""
 
     @classmethod
     def from_meta(cls, meta: dict) -> "DecodeAttention | None":

@@ -5,7 +5,7 @@ As the request-level comparison (:mod:`schedsim.live.validate`): errors are sign
 the measured value, ``(predicted - measured) / measured * 100``; distributions are
 compared with the two-sample Kolmogorov-Smirnov statistic. Metrics: TTFT, TPOT and E2E
 p50/p90/p99 and mean, ITL p50/p99, request and output-token throughput, preemptions
-(the issue's targets: latencies within 5%, preemptions within 10%), KS on TTFT, TPOT and
+(the targets: latencies within 5%, preemptions within 10%), KS on TTFT, TPOT and
 E2E over completed requests past the warm-up, and the CDFs overlaid in one figure.
 """
 
@@ -15,12 +15,11 @@ import math
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from schedsim.errors import InputError
 from schedsim.files import write_atomically
-from schedsim.live.validation import arrival_hash, compare_runs, err_pct, load_run_dir, pooled_metric, write_report
+from schedsim.live.validation import (arrival_hash, compare_runs, err_pct, load_run_dir, pooled_metric, report_table,
+                                      write_report)
 
 LLM_METRICS = (  # (key in validation.json, key in summary.json, label)
     ("ttft_p50", "ttft_p50_ms", "TTFT p50 (ms)"),
@@ -47,7 +46,7 @@ LLM_METRICS = (  # (key in validation.json, key in summary.json, label)
 )
 TARGETS_PCT = {"ttft_p50": 5.0, "ttft_p99": 5.0, "tpot_p50": 5.0, "tpot_p99": 5.0, "e2e_p50": 5.0,
                "e2e_p99": 5.0, "preemptions": 10.0}
-"""Issue 6's targets: absolute error in percent of the measured value."""
+"""Fidelity targets: absolute error in percent of the measured value."""
 DISTRIBUTIONS = ("ttft", "tpot", "e2e")
 
 
@@ -187,15 +186,8 @@ def plot_llm_cdfs(path: Path, dists: dict, report: dict) -> Path:
 
 
 def print_llm_validation(report: dict) -> None:
-    console = Console()
-    runs = report.get("live_runs", 1)
-    measured = f"the median of {runs} live runs" if runs > 1 else report["live_dir"]
-    console.print(f"[bold]predicted {report['sim_dir']} vs measured {measured}[/bold]: "
-                  f"{report['trace_requests']:,} requests, policy {report['policy']}, {report.get('model')} "
-                  f"on {report.get('device')}")
-    table = Table(box=None, header_style="bold")
-    for col in ("metric", "predicted", "measured", "error", "target") + (("live runs' range",) if runs > 1 else ()):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    console, table, runs = report_table(report, f"{report.get('model')} on {report.get('device')}",
+                                        ("metric", "predicted", "measured", "error", "target"))
 
     def num(v):
         if v is None or (isinstance(v, float) and not math.isfinite(v)):

@@ -23,14 +23,12 @@ import math
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from schedsim.errors import InputError
 from schedsim.files import write_atomically
 from schedsim.live.llm_validate import print_llm_validation, validate_llm_dirs
 from schedsim.live.validation import (arrival_hash, compare_runs, err_pct, is_llm_dir, load_run_dir, pooled_metric,
-                                      write_report)
+                                      report_table, write_report)
 
 METRICS = (  # (key in validation.json, key in summary.json, label)
     ("p50", "p50_ms", "latency p50 (ms)"),
@@ -147,16 +145,8 @@ def _plot_cdfs(path: Path, lat_sim: np.ndarray, lat_live: np.ndarray, report: di
 def print_validation(report: dict) -> None:
     if report.get("kind") == "llm":
         return print_llm_validation(report)
-    console = Console()
-    runs = report.get("live_runs", 1)
-    measured = f"the median of {runs} live runs" if runs > 1 else report["live_dir"]
-    console.print(f"[bold]predicted {report['sim_dir']} vs measured {measured}[/bold]: "
-                  f"{report['trace_requests']:,} requests, policy {report['policy']}, "
-                  f"{report['instances']} instance(s)")
-    table = Table(box=None, header_style="bold")
-    columns = ("metric", "predicted", "measured", "error") + (("live runs' range",) if runs > 1 else ())
-    for col in columns:
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    console, table, runs = report_table(report, f"{report['instances']} instance(s)",
+                                        ("metric", "predicted", "measured", "error"))
 
     def num(v, ci=None):
         if v is None or (isinstance(v, float) and not math.isfinite(v)):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.csv as pacsv
+from rich.console import Console
+from rich.table import Table
 
 from schedsim.errors import InputError
 from schedsim.files import write_json
@@ -132,3 +134,18 @@ def write_report(report: dict, out, live_dir, plot=None) -> dict:
     report["written"] = [str(p) for p in written]
     write_json(path, report)
     return report
+
+
+def report_table(report: dict, detail: str, columns: tuple) -> tuple[Console, Table, int]:
+    """Print a validation report's heading (``detail`` after the policy) and return the
+    console, an empty table with ``columns`` (and the live runs' range, for several runs)
+    and the number of live runs."""
+    console = Console()
+    runs = report.get("live_runs", 1)
+    measured = f"the median of {runs} live runs" if runs > 1 else report["live_dir"]
+    console.print(f"[bold]predicted {report['sim_dir']} vs measured {measured}[/bold]: "
+                  f"{report['trace_requests']:,} requests, policy {report['policy']}, {detail}")
+    table = Table(box=None, header_style="bold")
+    for col in columns + (("live runs' range",) if runs > 1 else ()):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    return console, table, runs

@@ -116,7 +116,7 @@ def live_cpu_count(instances: int) -> int:
     """CPUs ``--cpu auto`` pins a live run to: one per instance's serving thread, plus one
     for the load generator. With only one per instance, the H200's two-instance cells
     issued requests up to 1.9 ms late at p99 (unpinned: 0.14-0.31 ms), because the
-    generator had no CPU of its own (experiments/fidelity/README.md, run 7)."""
+    generator had no CPU of its own (experiments/fidelity/README.md)."""
     return max(int(instances), 1) + 1
 
 

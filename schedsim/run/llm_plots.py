@@ -12,6 +12,7 @@ import numpy as np
 
 from schedsim.core.llm_results import LLMResult
 from schedsim.core.results import COMPLETED
+from schedsim.run.plots import figure_saver
 
 
 def step_series(start_ns: np.ndarray, end_ns: np.ndarray, values: np.ndarray,
@@ -35,12 +36,7 @@ def step_series(start_ns: np.ndarray, end_ns: np.ndarray, values: np.ndarray,
 
 def write_llm_plots(out_dir: Path, result: LLMResult, warmup_s: float, atomic) -> list[Path]:
     paths = []
-
-    def save(fig, name):
-        path = out_dir / name
-        atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-        plt.close(fig)
-        paths.append(path)
+    save = figure_saver(out_dir, atomic, paths)
 
     start, end = result.step_start_ns, result.step_end_ns
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)

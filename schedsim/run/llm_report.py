@@ -11,16 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
 
-from schedsim.files import replaced_atomically, write_json
 from schedsim.core.llm_results import LLMResult
 from schedsim.core.results import COMPLETED, STATUS_NAMES
-
-
-def _atomic(path: Path, write) -> None:
-    with replaced_atomically(path) as tmp:
-        write(tmp)
+from schedsim.files import write_atomically
+from schedsim.run.report import write_run_dir
 
 
 def _masked(values, mask) -> pa.Array:
@@ -76,20 +71,10 @@ def step_table(result: LLMResult) -> pa.Table:
 def write_llm_outputs(out_dir: Path, result: LLMResult, request_id: np.ndarray, summary: dict,
                       plot: bool = False, warmup_s: float = 0.0) -> list[Path]:
     """Write DIR/requests.csv, DIR/steps.csv, optional plots, then DIR/summary.json."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary_path = out_dir / "summary.json"
-    summary_path.unlink(missing_ok=True)  # an old summary must not vouch for new files
-    written = []
-    for name, table in (("requests.csv", request_table(result, request_id)),
-                        ("steps.csv", step_table(result))):
-        path = out_dir / name
-        _atomic(path, lambda tmp, table=table: pacsv.write_csv(table, tmp))
-        written.append(path)
-    if plot:
-        from schedsim.run.llm_plots import write_llm_plots  # matplotlib only when asked for
+    def plots(out_dir):
+        from schedsim.run.llm_plots import write_llm_plots  # lazy: matplotlib only when asked for
 
-        written += write_llm_plots(out_dir, result, warmup_s, _atomic)
-    write_json(summary_path, summary)
-    written.append(summary_path)
-    return written
+        return write_llm_plots(out_dir, result, warmup_s, write_atomically)
+
+    tables = [("requests.csv", request_table(result, request_id)), ("steps.csv", step_table(result))]
+    return write_run_dir(out_dir, tables, summary, plots if plot else None)

@@ -14,17 +14,23 @@ from schedsim.core.metrics import measured_rows, queue_length
 from schedsim.core.results import COMPLETED, SimResult
 
 
-def write_plots(out_dir: Path, result: SimResult, warmup_s: float, atomic) -> list[Path]:
-    req = result.requests
-    done = measured_rows(result, warmup_s) & (result.status == COMPLETED)
-    latency_ms = np.sort((result.end_ns[done] - req.arrival_ns[done]) / 1e6)
-    paths = []
-
+def figure_saver(out_dir: Path, atomic, paths: list):
+    """``save(fig, name)``: write ``fig`` as DIR/name (PNG) with ``atomic``, close it, list the path."""
     def save(fig, name):
         path = out_dir / name
         atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
         plt.close(fig)
         paths.append(path)
+
+    return save
+
+
+def write_plots(out_dir: Path, result: SimResult, warmup_s: float, atomic) -> list[Path]:
+    req = result.requests
+    done = measured_rows(result, warmup_s) & (result.status == COMPLETED)
+    latency_ms = np.sort((result.end_ns[done] - req.arrival_ns[done]) / 1e6)
+    paths = []
+    save = figure_saver(out_dir, atomic, paths)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     if latency_ms.size:

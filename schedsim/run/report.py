@@ -12,13 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from schedsim.files import replaced_atomically, write_json
 from schedsim.core.results import STATUS_NAMES, SimResult
-
-
-def _atomic(path: Path, write) -> None:
-    with replaced_atomically(path) as tmp:
-        write(tmp)
+from schedsim.files import write_atomically, write_json
 
 
 def request_table(result: SimResult, request_id: np.ndarray) -> pa.Table:
@@ -48,18 +43,29 @@ def request_table(result: SimResult, request_id: np.ndarray) -> pa.Table:
 def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summary: dict,
                   plot: bool = False, warmup_s: float = 0.0) -> list[Path]:
     """Write DIR/requests.csv, optional plots, then DIR/summary.json; return the paths."""
+    def plots(out_dir):
+        from schedsim.run.plots import write_plots  # lazy: matplotlib only when asked for
+
+        return write_plots(out_dir, result, warmup_s, write_atomically)
+
+    return write_run_dir(out_dir, [("requests.csv", request_table(result, request_id))], summary,
+                         plots if plot else None)
+
+
+def write_run_dir(out_dir, tables, summary: dict, plots=None) -> list[Path]:
+    """Write each ``(name, pyarrow table)`` of ``tables`` as a CSV, then ``plots(out_dir)``'s
+    figures (when given), then summary.json, last; return the paths written."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
     summary_path.unlink(missing_ok=True)  # an old summary must not vouch for new files
     written = []
-    table = request_table(result, request_id)
-    path = out_dir / "requests.csv"
-    _atomic(path, lambda tmp: pacsv.write_csv(table, tmp))
-    written.append(path)
-    if plot:
-        from schedsim.run.plots import write_plots  # matplotlib only when asked for
-
-        written += write_plots(out_dir, result, warmup_s, _atomic)
+    for name, table in tables:
+        path = out_dir / name
+        write_atomically(path, lambda tmp, table=table: pacsv.write_csv(table, tmp))
+        written.append(path)
+    if plots is not None:
+        written += plots(out_dir)
     write_json(summary_path, summary)
     written.append(summary_path)
     return written

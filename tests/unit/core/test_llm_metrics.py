@@ -273,8 +273,6 @@ def test_failed_plot_leaves_no_summary(tmp_path, monkeypatch):
 
 
 def test_interrupted_csv_write_leaves_nothing_half_written(tmp_path, monkeypatch):
-    import schedsim.run.llm_report as report
-
     calls, real_write = [], pacsv.write_csv
 
     def write_then_fail(table, tmp):
@@ -284,7 +282,7 @@ def test_interrupted_csv_write_leaves_nothing_half_written(tmp_path, monkeypatch
             raise OSError("disk full")
         real_write(table, tmp)
 
-    monkeypatch.setattr(report.pacsv, "write_csv", write_then_fail)
+    monkeypatch.setattr(pacsv, "write_csv", write_then_fail)   # what schedsim.run.report writes with
     result = make_result()
     with pytest.raises(OSError):
         write_llm_outputs(tmp_path, result, np.arange(5), summarize_llm(result))

@@ -29,7 +29,7 @@ PREVIOUS_PROFILE = Path(__file__).resolve().parents[3] / "tests" / "data" / "lla
 EAGER_DECODE_STEP_NS = int(TRUE_COEF[17] * 1e6)
 OVER_KNEE_NS = int(TRUE_COEF[18] * 1e6) * (2051 - 1024)   # case 5: 2,048 + 3 tokens
 BEFORE = {  # step_ns of CASES, and the sum of a 200-step decode run, before the real-KV term
-    # With the session-5 features the eager steps with decode rows (cases 3, 5 and 6: 300
+    # With the eager_decode_step and knee features the eager steps with decode rows (cases 3, 5 and 6: 300
     # decodes, and a chunk beside decodes) pay eager_decode_step's synthetic 2 ms once, and
     # case 5 (2,051 tokens) its tokens beyond the 1,024-token knee.
     "synthetic": ([855072, 1021840, 9302608, 8080400 + EAGER_DECODE_STEP_NS, 3705784,
