@@ -7,9 +7,9 @@ LLM policies (``continuous``, ``paged-kv``, ``llm-static``) decide engine steps 
 batches (:mod:`schedsim.core.llm_policy`); ``static`` on a trace with token columns means
 ``llm-static``.
 
-The LLM policy modules (and :mod:`schedsim.llm`) are imported on first use, so that a
-request-level run does not pay for them: ``POLICIES["continuous"]`` or
-``from policies import Continuous`` imports them then.
+The LLM policy modules are imported on first use, so that a request-level run does not
+pay for them (with the KV-cache and LLM helper modules they take 20-100 ms to import):
+``POLICIES["continuous"]`` or ``from policies import Continuous`` imports them then.
 """
 
 from collections.abc import Iterator, Mapping

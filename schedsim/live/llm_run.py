@@ -77,12 +77,12 @@ def _check_model_matches(policy, name: str, cfg, params: dict) -> None:
 
 
 def _check_fits(name: str, cfg, num_blocks: int, block_size: int, dtype_bytes: int, device: str) -> None:
-    from schedsim.live.engines.decoder import parameter_count
+    from schedsim.live.engines.decoder import parameter_count  # lazy: imports torch (seconds), after CPU pinning
 
     kv = num_blocks * block_size * 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * dtype_bytes
     need = kv + parameter_count(cfg) * dtype_bytes
     if device == "cuda":
-        import torch
+        import torch  # lazy: torch costs seconds of start-up, and must load after CPU pinning
 
         free = torch.cuda.mem_get_info()[0]
         where = "free GPU memory"
@@ -141,10 +141,10 @@ def execute_live_llm(spec: LiveLLMSpec):
         raise InputError("--backend torch-llm: PyTorch is not installed (pip install torch)")
     # Before torch and CUDA start their threads, which inherit the CPU set.
     pinning = pin_cpu(spec.cpu)
-    import torch
+    import torch  # lazy: torch costs seconds of start-up, and must load after CPU pinning
 
-    from schedsim.live.engines.decoder import CONFIGS
-    from schedsim.live.engines.llm_engine import PagedLLMEngine
+    from schedsim.live.engines.decoder import CONFIGS  # lazy: imports torch (seconds), after CPU pinning
+    from schedsim.live.engines.llm_engine import PagedLLMEngine  # lazy: imports torch (seconds), after CPU pinning
 
     cfg = CONFIGS[name]
     _check_model_matches(policy, name, cfg, params)

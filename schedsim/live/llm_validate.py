@@ -167,7 +167,7 @@ def plot_llm_cdfs(path: Path, dists: dict, report: dict) -> Path:
     import matplotlib  # lazy: matplotlib costs about a second of start-up; only --plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib costs about a second of start-up; only plots need it
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, name in zip(axes, DISTRIBUTIONS):

@@ -127,7 +127,7 @@ def _plot_cdfs(path: Path, lat_sim: np.ndarray, lat_live: np.ndarray, report: di
     import matplotlib  # lazy: matplotlib costs about a second of start-up; only --plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib costs about a second of start-up; only plots need it
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for lat, label in ((lat_sim, "predicted (schedsim run)"), (lat_live, "measured (schedsim live)")):

@@ -26,10 +26,10 @@ def write_autoscale_outputs(out: Path, result: dict, timeline, auto) -> list[Pat
 
 
 def _plot(path: Path, timeline, auto, slo_ms: float) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs about a second of start-up; only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib costs about a second of start-up; only plots need it
 
     arrival_ns, log, initial, latency_ms, done = timeline
     t = arrival_ns / 1e9

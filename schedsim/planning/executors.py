@@ -59,7 +59,7 @@ def check_ray_address(address: str) -> None:
 def ray_init(address: str | None, workers: int | None):
     """Connect to a Ray cluster (or start a local one); return the ray module."""
     try:
-        import ray
+        import ray  # lazy: an optional package, for --executor ray only
     except ImportError:
         raise InputError("--executor ray: Ray is not installed; pip install 'schedsim[ray]'") from None
     if ray.is_initialized():

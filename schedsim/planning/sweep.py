@@ -238,6 +238,7 @@ def write_outputs(out: Path, outcome: SweepOutcome, spec: SweepSpec, cols: list[
                                + [csv_line(r, cols) for r in outcome.rows]), encoding="utf-8")
     written.append(path)
     if spec.plot:
+        # lazy: imports matplotlib (about a second); only plots need it
         from schedsim.planning.sweep_plots import write_sweep_plots
 
         written += write_sweep_plots(out, outcome.rows, spec, pareto(outcome.rows))

@@ -212,7 +212,7 @@ def _builtin_name(model: str) -> str | None:
 def _onnx_info(spec: ProfileSpec):
     name = _builtin_name(spec.model)
     if name is not None:
-        from schedsim.live.engines.torch_encoder import CONFIGS
+        from schedsim.live.engines.torch_encoder import CONFIGS  # lazy: imports torch (seconds), after CPU pinning
 
         if name not in CONFIGS:
             raise InputError(f"--model builtin:{name}: the {spec.backend} backend takes the "
@@ -239,6 +239,7 @@ class _Backend:
     # torch: builtin modules only
     def _open_torch(self, stack):
         torch = require("torch", "torch", "the torch backend")
+        # lazy: the engine modules import torch (seconds), after CPU pinning
         from schedsim.live.engines import decoder, torch_encoder
 
         spec = self.spec
@@ -267,7 +268,7 @@ class _Backend:
             raise InputError(f"--seq-lens: {max(spec.seq_lens)} is outside builtin:{name}'s "
                              f"positions 1..{cfg.max_positions}")
         if spec.compile:
-            import torch._dynamo
+            import torch._dynamo  # lazy: torch costs seconds of start-up, and must load after CPU pinning
 
             # One graph per shape: allow as many recompiles as cells.
             limit = max(64, len(spec.cells) + 8)
@@ -621,7 +622,7 @@ def _pair_slowdown(runners, spec: ProfileSpec, progress: Progress) -> dict | Non
 
 def _write(spec, out, results, extras, backend, describe, warnings, drift, dispatch,
            gpu_before, started, command, error, pinning) -> Outcome:
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs about 0.35 s of start-up
 
     complete = error is None and len(results) == len(spec.cells)
     done_batches = [b for b in spec.batch_sizes if all((b, s) in results for s in spec.seq_lens)]

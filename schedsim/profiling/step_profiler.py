@@ -404,7 +404,8 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
     if out.suffix.lower() != ".csv":
         raise InputError(f"--out {out}: must name a .csv file (the sidecar goes next to it)")
     torch = require("torch", "torch", "the LLM step profiler")
-    from schedsim.live.engines import decoder
+    from schedsim.live.engines import decoder  # lazy: the engine modules import torch (seconds), after CPU pinning
+    # lazy: imports torch (seconds), after CPU pinning
     from schedsim.live.engines.llm_engine import EngineRow, PagedLLMEngine
 
     name = spec.model.split(":", 1)[1]
@@ -866,7 +867,7 @@ def _drift(cells) -> dict | None:
 
 
 def _description(name: str) -> str:
-    from schedsim.live.engines.decoder import DESCRIPTIONS
+    from schedsim.live.engines.decoder import DESCRIPTIONS  # lazy: imports torch (seconds), after CPU pinning
 
     return DESCRIPTIONS.get(name, name)
 

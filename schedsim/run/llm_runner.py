@@ -97,6 +97,7 @@ def execute_llm(spec, options: LLMOptions, trace):
              f"model {budget.spec.name if budget else '?'}, step profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)
     if spec.out is not None:
+        # lazy: imports pyarrow.csv; only a run that writes files needs it
         from schedsim.run.llm_report import write_llm_outputs
 
         outcome.written = write_llm_outputs(spec.out, results[0], trace.request_id, summary,

@@ -127,7 +127,7 @@ def _read_csv(p: Path, types: dict[str, pa.DataType], *, raw: bool = False) -> p
     after parsing and silently truncates ``5.5`` to ``5`` for an int64 column.
     ``raw`` keeps every field as text (no nulls) for diagnosis.
     """
-    import pyarrow.csv as pcsv
+    import pyarrow.csv as pcsv  # lazy: pyarrow.csv loads only where a CSV is read or written
 
     convert = pcsv.ConvertOptions(include_columns=list(types), column_types=types)
     if raw:
@@ -337,7 +337,7 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
 
 def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, np.ndarray]:
     """Space-separated integers per row into CSR (offsets, ids); blank means none."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     lists = pc.utf8_split_whitespace(pc.utf8_trim_whitespace(strings))
     flat, rows = pc.list_flatten(lists), pc.list_parent_indices(lists)
@@ -358,8 +358,8 @@ def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, n
 
 
 def _load_parquet(p: Path, name: str) -> Trace:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
+    import pyarrow.parquet as pq  # lazy: pyarrow.parquet costs start-up that CSV traces skip
 
     try:
         schema = pq.read_schema(p)
@@ -407,7 +407,7 @@ def _load_parquet(p: Path, name: str) -> Trace:
 
 
 def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     # Lengths counted from parent indices (a null list has none, as list_flatten agrees):
     # fill_null(list_value_length, 0) would convert the Python 0 and import pandas, see _numpy.
@@ -481,7 +481,7 @@ def _azure_ns_plain(stamps: list) -> np.ndarray | None:
 
 def _azure_ns(ts: "pd.Series", locate) -> np.ndarray:
     """``YYYY-mm-dd HH:MM:SS[.fffffff]`` to int64 ns; datetime would round the 7th digit."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs about 0.35 s of start-up
 
     ts = ts.astype(str).str.strip()
     whole = ts.str.slice(0, 19)
@@ -502,7 +502,7 @@ _MOONCAKE_SCHEMA = pa.schema([("timestamp", pa.float64()), ("input_length", pa.f
 
 def _load_mooncake(p: Path, name: str) -> Trace:
     """Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids."""
-    import pyarrow.json as pj
+    import pyarrow.json as pj  # lazy: pyarrow.json costs start-up that non-JSON traces skip
 
     opts = pj.ParseOptions(explicit_schema=_MOONCAKE_SCHEMA, unexpected_field_behavior="ignore")
     try:
@@ -608,7 +608,7 @@ def save_trace(trace: Trace, path) -> Path:
     The file appears complete or not at all: we write a temp file beside it and
     ``os.replace`` it into place.
     """
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     p = Path(path)
     suffix = p.suffix.lower()
@@ -633,13 +633,13 @@ def save_trace(trace: Trace, path) -> Path:
     table = pa.table(arrays)
     with replaced_atomically(p) as tmp:
         if suffix == ".csv":
-            import pyarrow.csv as pcsv
+            import pyarrow.csv as pcsv  # lazy: pyarrow.csv loads only where a CSV is read or written
 
             # Our column names never need quotes; pyarrow would quote them under "needed".
             opts = pcsv.WriteOptions(quoting_style="needed", quoting_header="none")
             pcsv.write_csv(table, tmp, write_options=opts)
         else:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # lazy: pyarrow.parquet costs start-up that CSV traces skip
 
             meta = json.dumps(trace.meta, default=str).encode()
             table = table.replace_schema_metadata({_META_KEY: meta})
