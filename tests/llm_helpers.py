@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from schedsim.core.policy import Requests
+from schedsim.cost.protocols import StepCost
 from schedsim.traces.table import Trace
 
 
-class LinearCost:
+class LinearCost(StepCost):
     """A step costs a + b*tokens + c*context, in integer ns: exact, so repeated decode
     runs equal step-by-step ones bit for bit."""
 

@@ -16,6 +16,12 @@ Hooks, called by a driver in this order at each step boundary:
     the next step; one with no rows means "nothing to run until something arrives".
 ``on_step_done(now_ns, step, repeats)``
     the step ran ``repeats`` times back to back (see :attr:`Step.repeat`) and ended at ``now_ns``.
+``stats() -> dict``
+    at the end: counters for the summary.
+
+Declared in :class:`LLMPolicy` with defaults, and read by the drivers: ``holds_responses``,
+``kv_blocks_total``, ``block_size``, ``budget``, ``max_num_seqs``, ``max_num_batched_tokens``
+and ``kv``.
 
 A token is *emitted* by a row in a step whose computed tokens reach all the tokens the
 request knows (prompt plus tokens generated so far); the request finishes when it has
@@ -87,10 +93,30 @@ class LLMPolicy:
 
     A user's own LLM policy subclasses this and is loaded like any policy
     (``--policy path/file.py:MyPolicy``); a driver tells the two kinds apart by ``llm = True``.
+    The drivers read every hook and attribute below without asking whether it is there: a
+    policy that does not subclass this must define them all (the defaults here will do).
     """
 
     name = "llm-policy"
     llm = True
+    holds_responses = False
+    """True when a request's response leaves with its batch's last step, not its own last
+    token (a static batch): the drivers then end it there, and allow it padding steps."""
+    kv_blocks_total = 0
+    """GPU KV blocks the policy manages (for the result's occupancy figures); 0: none."""
+    block_size: int | None = None
+    """Tokens per KV block; a live engine must use the same. None: the policy does not care."""
+    budget = None
+    """The :class:`~schedsim.cost.kv_budget.KVBudget` the policy manages (``num_blocks``,
+    ``max_model_len``): a live engine must hold its blocks, and is warmed up to its longest
+    request. None: no budget (the engine's pool, no length limit)."""
+    max_num_seqs: int | None = None
+    """Most rows in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
+    kv = None
+    """The policy's own :class:`~policies.kv_cache.KVCacheManager` when it keeps block tables
+    (the live driver then uses its blocks); None: the live driver allocates blocks itself."""
 
     def reset(self, requests: Requests) -> None:
         self.requests = requests

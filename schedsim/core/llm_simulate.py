@@ -1,4 +1,4 @@
-"""The simpy driver for LLM policies: one engine running one step after another.
+"""The simulation driver for LLM policies: one engine running one step after another.
 
 Each step is one event: at its end the driver records the tokens it emitted, tells the
 policy, delivers the requests that arrived meanwhile and asks for the next step. An idle
@@ -16,17 +16,20 @@ from __future__ import annotations
 import gc
 
 import numpy as np
-import simpy
 
-from schedsim.core.events import COMPLETION, DECISION, Scheduled
+from schedsim.core.events import COMPLETION, DECISION, EventLoop, Scheduled
 from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.core.llm_policy import Step, int_max
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import COMPLETED, QUEUED, RUNNING, PolicyError
+from schedsim.cost.protocols import step_cost
 
 
 def simulate_llm(requests: Requests, policy, cost, *, seed: int = 0, itl_from_ns: int = 0) -> LLMResult:
     """Replay ``requests`` against the LLM ``policy`` on one engine priced by ``cost``.
+
+    ``cost`` is a :class:`~schedsim.cost.protocols.StepCost`, or any object with
+    ``step_ns(num_tokens, context, swap_blocks)`` (then priced with no optional capability).
 
     ``itl_from_ns``: requests arriving before it (the warm-up) add no inter-token gaps to
     the pooled ITL, as they count in no other metric."""
@@ -38,19 +41,18 @@ class _Driver:
         n = len(requests)
         self.req, self.policy, self.cost, self.seed = requests, policy, cost, seed
         self.itl_from_ns = int(itl_from_ns)
-        self.env = simpy.Environment()
+        self.env = EventLoop()
+        cost = self.cost = step_cost(cost)
         # Prices a repeated decode run-length encoded, where the cost model can (StepCostModel).
-        self.decode_run_segments = getattr(cost, "decode_run_segments", None)
-        begin = getattr(cost, "begin_run", None)
-        if begin is not None:   # a cost model with state across steps (first calls) starts afresh
-            begin()
+        self.decode_run_segments = cost.decode_run_segments
+        cost.begin_run()   # a cost model with state across steps (first calls) starts afresh
         self.n = n
         self.arrival_ns = requests.arrival_ns
         self.output_tokens = requests.output_tokens.astype(np.int64)
         self.status = np.full(n, QUEUED, dtype=np.int8)   # rejections; the rest at the end
         self.end_ns = np.full(n, -1, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int32)
-        self.holds_responses = bool(getattr(policy, "holds_responses", False))
+        self.holds_responses = bool(policy.holds_responses)
         self.delivered = 0
         self.arrivals = self.arrival_ns.tolist() + [NEVER]   # scanned from `delivered`: the sentinel ends a scan
         self.next_arrival_ns = self.arrivals[0]
@@ -219,7 +221,7 @@ class _Driver:
         end_ns[done] = finish[done]
 
         tok, pre = step_token_sums(tokens, sizes)
-        stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
+        stats = dict(self.policy.stats())
         hits = stats.pop("prefix_hit_tokens_per_request", None)
         return LLMResult(
             requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
@@ -232,7 +234,7 @@ class _Driver:
             step_prefill_tokens=pre.astype(np.int32),
             step_kv_blocks=kv_blocks.astype(np.int32), step_waiting=waiting.astype(np.int32),
             step_preempted=preempted.astype(np.int32),
-            kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=self.seed,
+            kv_blocks_total=int(self.policy.kv_blocks_total), seed=self.seed,
             stats=stats)
 
 

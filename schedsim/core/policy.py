@@ -21,6 +21,9 @@ Hooks, called by a driver in this order at each instant:
 ``decide(now_ns, idle) -> Decision``
     ``idle`` lists the idle instances, lowest first. Launch only on those.
 
+Declared in :class:`Policy` with defaults, and read by the drivers: ``preserve_ordering``
+(responses leave in dispatch order) and ``max_batch_samples()`` (for checking the profile).
+
 Times are integer nanoseconds: ties are exact and runs repeat bit for bit.
 """
 
@@ -121,8 +124,10 @@ class Decision:
 class Policy:
     """Base class with do-nothing hooks; subclasses override ``decide`` and what they need.
 
-    A user's own policy subclasses this (or just provides the same methods) and is
-    loaded with ``--policy path/to/file.py:MyPolicy`` or ``--policy module:MyPolicy``.
+    A user's own policy subclasses this and is loaded with ``--policy path/to/file.py:MyPolicy``
+    or ``--policy module:MyPolicy``. The drivers read every hook and attribute below without
+    asking whether it is there: a policy that does not subclass this must define them all
+    (the defaults here will do).
     """
 
     name = "policy"

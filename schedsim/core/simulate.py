@@ -1,4 +1,4 @@
-"""The simpy driver: turns a policy's decisions into timeouts.
+"""The simulation driver: turns a policy's decisions into timed events.
 
 Arrivals are not events while every instance is busy: requests sit in the trace's
 sorted arrays and are handed to the policy in bulk at the next event, so a busy
@@ -7,7 +7,11 @@ change its answer (``Decision.wake_on_arrival``), the driver wakes at the arriva
 named (``arrivals_needed``). A decision runs inline at the end of an event when no
 other event is due at the same instant; otherwise it is scheduled behind them. A batch
 whose completion is due before every other event (a busy server's next batch), or a
-timer due first, runs without an event: simpy's loop would pop it next anyway.
+timer due first, runs without an event: the event loop would pop it next anyway.
+
+Events go on a small heap of the driver's own (:mod:`schedsim.core.events`), which
+fixes the order of simultaneous events; an event run inline is the one that heap would
+pop next, so inlining never changes that order.
 
 Instances with a measured pair grid share the GPU (schedsim.core.contention.SharedGpu): their
 completions are always events, and a launch or completion re-times the other instances'
@@ -21,37 +25,32 @@ import types
 from bisect import bisect_right
 
 import numpy as np
-import simpy
 
 from schedsim.core.contention import SharedGpu
-from schedsim.core.events import COMPLETION, DECISION, Scheduled
+from schedsim.core.events import COMPLETION, DECISION, EventLoop
 from schedsim.core.policy import NEVER, Decision, Policy, Requests
 from schedsim.cost.power import GpuClock
+from schedsim.cost.protocols import BatchCost, batch_cost
 from schedsim.core.results import (checked, COMPLETED, QUEUED, REJECT_STATUS, REJECTED_QUEUE_FULL, RUNNING,
                               PolicyError, SimResult)
 
 
 def simulate(requests: Requests, policy: Policy, cost, *, instances: int = 1, seed: int = 0,
              record: bool = False) -> SimResult:
-    """Replay ``requests`` against ``policy`` on ``instances`` servers costed by ``cost``."""
+    """Replay ``requests`` against ``policy`` on ``instances`` servers costed by ``cost``.
+
+    ``cost`` is a :class:`~schedsim.cost.protocols.BatchCost`, or any object with
+    ``sample_s(samples, seq_len, rng)`` (then priced with no optional capability)."""
     return _Driver(requests, policy, cost, instances, seed, record).run()
 
 
 _WINDOW = 1024   # arrival times converted to Python ints at a time
 
 
-def pair_grid_model(cost):
+def pair_grid_model(cost: BatchCost) -> BatchCost | None:
     """The model whose pair-slowdown grid prices instances sharing a GPU with ``cost``:
     ``cost`` itself, else its two-instance contention model, else None (schedsim.core.contention)."""
-    return next((m for m in (cost, cost.at_concurrency(2)) if getattr(m, "pair_slowdown", None) is not None), None)
-
-
-def _draws_one_uniform(cost, concurrency_aware: bool) -> bool:
-    """Whether every ``sample_s`` of ``cost`` draws exactly one ``rng.random()`` (as
-    :class:`~schedsim.cost.model.CostModel` documents): then the draws may come from a block."""
-    from schedsim.cost.model import CostModel
-
-    return not concurrency_aware and getattr(type(cost), "sample_s", None) is CostModel.sample_s
+    return next((m for m in (cost, cost.at_concurrency(2)) if m.pair_slowdown is not None), None)
 
 
 def _uniforms(rng: np.random.Generator, block: int = 4096):
@@ -64,16 +63,17 @@ def _uniforms(rng: np.random.Generator, block: int = 4096):
 
 class _Driver:
     def __init__(self, requests: Requests, policy: Policy, cost, instances: int, seed: int,
-                 record: bool, env: simpy.Environment | None = None):
+                 record: bool, env: EventLoop | None = None):
         if instances < 1:
             raise ValueError("instances must be >= 1")
         n = len(requests)
+        cost = batch_cost(cost)
         self.req, self.policy, self.cost = requests, policy, cost
         self.instances, self.seed = instances, seed
         self.rng = np.random.default_rng(seed)
-        # A fleet (schedsim/planning/fleet.py) runs several drivers, one per replica, on one shared env.
-        self.env = env if env is not None else simpy.Environment()
-        self.concurrency_aware = instances > 1 and hasattr(cost, "at_concurrency")
+        # A fleet (schedsim/planning/fleet.py) runs several drivers, one per replica, on one shared loop.
+        self.env = env if env is not None else EventLoop()
+        self.concurrency_aware = instances > 1
         # Instances with a measured pair grid: batches share the GPU as processor sharing,
         # re-timed whenever another instance starts or ends one (schedsim.core.contention).
         grid_model = pair_grid_model(cost) if self.concurrency_aware else None
@@ -96,21 +96,19 @@ class _Driver:
         self.batches: list[tuple] = []
         self.array_rows: list[np.ndarray] = []
         self.idle = list(range(instances))
-        self.uniforms = _uniforms(self.rng) if _draws_one_uniform(cost, self.concurrency_aware) else self.rng
+        # With one draw per batch the draws may come from blocks; a contention model, chosen
+        # per batch, might draw otherwise.
+        one_draw = cost.one_draw_per_sample and not self.concurrency_aware
+        self.uniforms = _uniforms(self.rng) if one_draw else self.rng
         # When each instance last finished a batch: a launch at that same instant is the busy
         # serving loop; any later one first wakes an idle loop and pays the cost's wake overhead.
         self.freed_at = [-1] * instances
         # One GPU's clock under its power cap, when the profile measured it (schedsim.cost.power).
-        cap = getattr(cost, "power_cap", None)
-        self.gpu_clock = GpuClock(cap) if cap is not None else None
-        self.wake_ns = getattr(cost, "wake_ns", None)  # (idle ns, draw) -> extra ns
-        if self.wake_ns is None:  # a cost model of the user's own: a constant, or none
-            wake_const = int(round(getattr(cost, "wake_overhead_s", 0.0) * 1e9))
-            self.wake_ns = lambda idle_ns, u: wake_const
+        self.gpu_clock = GpuClock(cost.power_cap) if cost.power_cap is not None else None
+        self.wake_ns = cost.wake_ns  # (idle ns, draw) -> extra ns
         # Wake-up draws come from a stream of their own, so service times keep their draws.
         self.wake_draws = _uniforms(np.random.default_rng(None if seed is None else [seed, 1])) \
-            if getattr(cost, "wake_is_random", False) \
-            else types.SimpleNamespace(random=lambda: 0.5)
+            if cost.wake_is_random else types.SimpleNamespace(random=lambda: 0.5)
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER  # of row `delivered`
         self.decision_pending = False
@@ -126,9 +124,10 @@ class _Driver:
         self.inline_next = None           # (instance, rows, end_ns) of that completion
         self.inline_timer = None          # or the time of that timer
         self.decisions = [] if record else None
-        self.keep_order = bool(getattr(policy, "preserve_ordering", False))
+        self.keep_order = bool(policy.preserve_ordering)
         # Skip the call for policies that do not override the no-op hook (most of them).
-        self.tells_batch_done = getattr(type(policy), "on_batch_done", None) is not Policy.on_batch_done
+        hook = policy.on_batch_done
+        self.tells_batch_done = getattr(hook, "__func__", hook) is not Policy.on_batch_done
 
     @property
     def cum_samples(self) -> np.ndarray:
@@ -160,8 +159,9 @@ class _Driver:
             return  # the timer's decision comes first, and asks again if it still waits
         self.arrival_wake = row
         # Arrivals are delivered by the decision itself, so waking for one is a decision
-        # event at the arrival time (after any completion at that instant).
-        Scheduled(self.env, max(at - self.env.now, 0), DECISION, self._on_arrival_wake)
+        # event at the arrival time (after any completion at that instant). Rows arrived by
+        # now are delivered: the arrival is later than now.
+        self.env.at(at, DECISION, self._on_arrival_wake)
 
     def _on_arrival_wake(self, event) -> None:
         # A decision since (a batch launched on the idle instance) may have stopped waiting
@@ -170,12 +170,12 @@ class _Driver:
             self._on_decision_event(event)
 
     def _on_completion(self, event) -> None:
-        instance, rows = event._value  # our own event's value: no property call
+        instance, rows = event.value
         self.inline_next = (instance, rows, event.at)
         self._run_inline()
 
     def _on_timer(self, event) -> None:
-        if event._value == self.timer_at:  # a later decision may have moved the timer
+        if event.value == self.timer_at:  # a later decision may have moved the timer
             self.timer_at = NEVER
             self.dirty = True
             self._on_decision_event(event)
@@ -189,19 +189,18 @@ class _Driver:
     def _run_inline(self) -> None:
         """Complete the batch in ``inline_next`` (the event being processed, or one that a
         decision left to run inline, see _decide_now), or fire the timer in ``inline_timer``,
-        and so on while decisions leave one: each is what simpy's loop would pop next, run
-        without an event and the heap."""
+        and so on while decisions leave one: each is what the event loop would pop next, run
+        without an event and the heap. The loop's ``now`` stays at the last event it popped,
+        so events are scheduled by absolute time (EventLoop.at)."""
         while self.inline_next is not None or self.inline_timer is not None:
             if self.inline_timer is not None:  # never with inline_next (see _decide_now)
                 now, self.inline_timer = self.inline_timer, None
-                self.env._now = now  # simpy's clock, as its step() sets it
                 self.timer_at = NEVER  # what _on_timer does
                 self.dirty = True
                 self._decide_now(now)
                 continue
             instance, rows, now = self.inline_next
             self.inline_next = None
-            self.env._now = now
             self.freed_at[instance] = now
             idle = self.idle
             idle.append(instance)
@@ -210,12 +209,11 @@ class _Driver:
             if self.tells_batch_done:
                 self.policy.on_batch_done(now, instance, rows)
             self.dirty = True
-            queue = self.env._queue  # simpy's heap (see events.Scheduled): peek() without a call
-            if not queue or queue[0][0] > now:
+            if self.env.peek() > now:
                 self._decide_now(now)  # nothing else happens at this instant: decide inline
             elif not self.decision_pending:
                 self.decision_pending = True
-                Scheduled(self.env, 0, DECISION, self._on_decision_event)
+                self.env.at(now, DECISION, self._on_decision_event)
 
     def _decide_now(self, now: int) -> None:
         if self.next_arrival_ns <= now:
@@ -254,23 +252,23 @@ class _Driver:
         never tie (priorities) and an arrival wake-up is never at the timer's time. A single
         one due before every other event is the next event of all (a busy server's next
         batch; an idle server's queue delay): _run_inline runs it, which saves an event, a
-        heap push and pop and simpy's step.
+        heap push and pop and a turn of the event loop.
         """
         launched = self.launched
-        queue = self.env._queue
+        env = self.env
         if timer < NEVER:
-            if self.runs_inline and not launched and (not queue or queue[0][0] > timer):
+            if self.runs_inline and not launched and env.peek() > timer:
                 self.inline_timer = timer
             else:
-                Scheduled(self.env, timer - now, DECISION, self._on_timer, timer)
+                env.at(timer, DECISION, self._on_timer, timer)
         if launched:
             self.launched = []
             service_ns, instance, rows = launched[0]
-            if self.runs_inline and len(launched) == 1 and (not queue or queue[0][0] > now + service_ns):
+            if self.runs_inline and len(launched) == 1 and env.peek() > now + service_ns:
                 self.inline_next = (instance, rows, now + service_ns)
             else:
                 for service_ns, instance, rows in launched:
-                    Scheduled(self.env, service_ns, COMPLETION, self._on_completion, (instance, rows))
+                    env.at(now + service_ns, COMPLETION, self._on_completion, (instance, rows))
 
     def _deliver(self, now: int) -> None:
         if self.next_arrival_ns <= now:
@@ -353,10 +351,10 @@ class _Driver:
         for instance, end, generation in self.shared.retime(now):
             if self.gpu_clock is not None:
                 self.gpu_clock.ran(end)
-            Scheduled(self.env, end - now, COMPLETION, self._on_shared_completion, (instance, generation))
+            self.env.at(end, COMPLETION, self._on_shared_completion, (instance, generation))
 
     def _on_shared_completion(self, event) -> None:
-        instance, generation = event._value
+        instance, generation = event.value
         if not self.shared.is_current(instance, generation):
             return  # re-timed since: a later completion event stands for this batch
         now = event.at

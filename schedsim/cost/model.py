@@ -11,6 +11,7 @@ from schedsim.core.contention import PairSlowdown
 from schedsim.errors import InputError
 from schedsim.cost.power import PowerCap
 from schedsim.cost.profile import Profile
+from schedsim.cost.protocols import BatchCost
 from schedsim.cost.wake import WakeCurve
 
 QUANTILE_POINTS = 2001
@@ -21,7 +22,7 @@ SPREADS = ("auto", "empirical", "fitted", "none")
 _MAX_ENTRIES = 200_000  # bound on the per-(samples, seq_len) cache; cleared when exceeded
 
 
-class CostModel:
+class CostModel(BatchCost):
     """Service time of one batch: ``mean_s``/``sample_s(samples, seq_len)`` in seconds.
 
     What the model includes:
@@ -59,7 +60,11 @@ class CostModel:
     the spread, so two runs that share a seed see the same random stream even with
     different spreads (common random numbers), and ``sample_many_s`` of n batches draws
     bit-for-bit what n ``sample_s`` calls would.
+
+    It declares every capability of :class:`~schedsim.cost.protocols.BatchCost`.
     """
+
+    one_draw_per_sample = True
 
     def __init__(self, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
                  dispatch_overhead_s: float | None = None, max_seq_len: int | None = None,
@@ -129,6 +134,7 @@ class CostModel:
         self._rows: dict = {}     # (seq index, batch) -> (mean_ms, grid_ms or None)
         self._entries: dict = {}  # (samples, seq_len) -> see _entry
         self._km1 = float(QUANTILE_POINTS - 1)
+        self._concurrent: dict[int, CostModel] = {}
 
     @classmethod
     def from_profile(cls, profile: Profile, *, spread: str = "auto", extrapolate: bool = False,
@@ -181,7 +187,7 @@ class CostModel:
         run on the GPU: the attached model with the largest concurrency not above it, else this
         one. Concurrency is taken at launch; later starts and ends are not followed."""
         best = self
-        for k, model in sorted(getattr(self, "_concurrent", {}).items()):
+        for k, model in sorted(self._concurrent.items()):
             if k <= instances_busy:
                 best = model
         return best

@@ -7,7 +7,7 @@ longer on the GPU after batches of 64 than in the profile's mixed loop, and 1.2%
 after batches of 8 or 16 (experiments/fidelity/diagnose_gpu_load.py). A table measured
 in a mixed loop prices every batch at the mix's clock; near saturation a live server runs
 long spells of large batches at the lower clock, and the queue, which grows with any
-service-time excess, shows it (experiments/fidelity/README.md, session 8).
+service-time excess, shows it (experiments/fidelity/README.md).
 
 A profile's sidecar may carry what was measured as ``power_cap``:
 

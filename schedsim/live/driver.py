@@ -180,7 +180,7 @@ class _Driver:
         self.queues = [SimpleQueue() for _ in engines]
         self.stopping = False
         self.fatal: BaseException | None = None
-        self.keep_order = bool(getattr(policy, "preserve_ordering", False))
+        self.keep_order = bool(policy.preserve_ordering)
 
     def now(self) -> int:
         return self.clock() - self.t0

@@ -170,10 +170,10 @@ def _stats(x) -> dict:
 
 def check_engine_for(policy, engine) -> None:
     """ValueError when ``engine`` cannot serve ``policy``'s blocks (block size, pool size)."""
-    bs = getattr(policy, "block_size", None)
+    bs = policy.block_size
     if bs is not None and int(bs) != engine.block_size:
         raise ValueError(f"the policy's block size {bs} differs from the engine's {engine.block_size}")
-    budget = getattr(policy, "budget", None)
+    budget = policy.budget
     if budget is not None and budget.num_blocks > engine.num_blocks:
         raise ValueError(f"the policy manages {budget.num_blocks} KV blocks, the engine holds "
                          f"{engine.num_blocks}")
@@ -190,7 +190,7 @@ def engine_context(requests: Requests, policy) -> int:
         return 2
     prompt = requests.input_tokens.astype(np.int64)
     output = requests.output_tokens.astype(np.int64)
-    limit = getattr(getattr(policy, "budget", None), "max_model_len", None)
+    limit = _max_model_len(policy)
     ok = prompt + output <= limit if limit else np.ones(prompt.shape, bool)
     if not ok.any():
         return 2
@@ -240,12 +240,12 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
     ``max_context``, cycled); and a mixed step, the chunk (over no context or a cached one,
     in turn) with some decodes (1, 2, 4 ... ``max_seqs``, cycled) over a spread of contexts.
     Decode-only steps that run eagerly (more rows than the largest captured graph, or no
-    graphs) get a few shapes too. Then (``dense``, since session 7; live runs before it had no
-    such sweep, and their ``setup`` has no ``warmup_dense_steps``) every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
+    graphs) get a few shapes too. Then (``dense``; a run's ``setup`` without
+    ``warmup_dense_steps`` had no such sweep) every multiple of :data:`DENSE_WARMUP_STEP` tokens up to
     ``min(prefill_tokens, DENSE_WARMUP_TOP)`` not run yet, alone: the first steps of a new
     token count early in a process cost the most (the GEMMs' kernels for a new M are chosen,
     and loaded on first use), and the fidelity table's first cell, at light load, paid it
-    on its early prefills (`experiments/fidelity-llm/README.md`, session 7: eager steps of up
+    on its early prefills (`experiments/fidelity-llm/README.md`: eager steps of up
     to 1,024 tokens at new counts priced 28-38% low in the cell's first third, between 14%
     low and 12% high in its last). Every row reads and writes only the null block, so no
     request's KV changes. Stops starting steps after ``budget_s``.
@@ -347,7 +347,7 @@ def live_warm_tokens(requests: Requests, policy, graph_batch_sizes: tuple[int, .
     budget = policy.budget
     return warm_token_counts(block_size=budget.block_size, num_blocks=budget.num_blocks,
                              max_context=engine_context(requests, policy), graph_batch_sizes=graph_batch_sizes,
-                             max_seqs=int(getattr(policy, "max_num_seqs", 256)),
+                             max_seqs=_max_seqs(policy, 256),
                              prefill_tokens=warmup_prefill_tokens(requests, policy))
 
 
@@ -400,18 +400,28 @@ def warmup_prefill_tokens(requests: Requests, policy) -> int:
     ``max_num_batched_tokens`` when it has one, else (a policy that prefills whole prompts,
     several in a step) the longest prompt it accepts, or the sum of its ``max_num_seqs``
     longest up to 16,384 tokens if more."""
-    cap = getattr(policy, "max_num_batched_tokens", None)
+    cap = policy.max_num_batched_tokens
     if not len(requests):
         return int(cap or 2)
     prompt = requests.input_tokens.astype(np.int64)
-    limit = getattr(getattr(policy, "budget", None), "max_model_len", None)
+    limit = _max_model_len(policy)
     ok = prompt + requests.output_tokens.astype(np.int64) <= limit if limit else np.ones(prompt.shape, bool)
     if cap:
         return int(cap)
     if not ok.any():
         return 2
-    top = np.sort(prompt[ok])[::-1][:max(int(getattr(policy, "max_num_seqs", 1)), 1)]
+    top = np.sort(prompt[ok])[::-1][:max(_max_seqs(policy, 1), 1)]
     return int(max(top[0], min(int(top.sum()), 16384)))
+
+
+def _max_model_len(policy) -> int | None:
+    """The longest request (prompt + output) the policy accepts; None: no limit it declares."""
+    return None if policy.budget is None else policy.budget.max_model_len
+
+
+def _max_seqs(policy, default: int) -> int:
+    """The policy's ``max_num_seqs``, or ``default`` when it declares none."""
+    return default if policy.max_num_seqs is None else int(policy.max_num_seqs)
 
 
 class _Driver:
@@ -431,7 +441,7 @@ class _Driver:
         self.delivered_ns = np.full(n, -1, dtype=np.int64)
         self.failed_ns = np.full(n, -1, dtype=np.int64)
         self.failures: list[dict] = []
-        self.holds_responses = bool(getattr(policy, "holds_responses", False))
+        self.holds_responses = bool(policy.holds_responses)
         self.delivered = 0
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER
         self.tokens = PromptTokens(requests, engine.cfg.vocab, seed)
@@ -439,10 +449,10 @@ class _Driver:
         self.records: list[tuple[int, int, Step]] = []
         self.timing: list[list] = []          # STEP_COLUMNS per record
         self.lateness: list[int] = []         # ns late per timed wake-up for an arrival
-        kv = getattr(policy, "kv", None)
+        kv = policy.kv
         self.paged = isinstance(kv, KVCacheManager)
         self.kv = kv if self.paged else KVCacheManager(
-            int(getattr(getattr(policy, "budget", None), "num_blocks", engine.num_blocks)),
+            engine.num_blocks if policy.budget is None else int(policy.budget.num_blocks),
             engine.block_size)
         self.last_table: dict[int, list[int]] = {}
         self.handles: dict = {}               # row -> SwapHandle while swapped out
@@ -677,7 +687,7 @@ class _Driver:
         end_ns[failed] = self.failed_ns[failed]
 
         tok, pre = step_token_sums(ntok, sizes)
-        stats = dict(self.policy.stats()) if hasattr(self.policy, "stats") else {}
+        stats = dict(self.policy.stats())
         hits = stats.pop("prefix_hit_tokens_per_request", None)
         hits = np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)
         req = self.req if keep == n else self.req.head(keep)
@@ -692,7 +702,7 @@ class _Driver:
             step_kv_blocks=np.fromiter((st.kv_blocks_used for st in steps), np.int32, nsteps),
             step_waiting=np.fromiter((st.waiting for st in steps), np.int32, nsteps),
             step_preempted=np.fromiter((st.preempted.shape[0] for st in steps), np.int32, nsteps),
-            kv_blocks_total=int(getattr(self.policy, "kv_blocks_total", 0)), seed=0, stats=stats,
+            kv_blocks_total=int(self.policy.kv_blocks_total), seed=0, stats=stats,
             meta={"driver": "live"})
 
 
@@ -725,7 +735,7 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
     check_engine_for(policy, engine)
     setup = {"engine_warmup_s": 0.0, "warmup_decode_shapes": 0, "warmup_eager_s": 0.0, "warmup_eager_steps": 0}
     if engine_warmup:
-        setup = warm_up(engine, max_seqs=int(getattr(policy, "max_num_seqs", 256)),
+        setup = warm_up(engine, max_seqs=_max_seqs(policy, 256),
                         max_context=min(engine_context(requests, policy), engine.max_context),
                         prefill_tokens=warmup_prefill_tokens(requests, policy))
         policy.reset(requests)   # fresh state after the warm-up's wall time

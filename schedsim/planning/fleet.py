@@ -1,5 +1,5 @@
 """The fleet driver: a router in front of N replicas, each a simulate.py driver with its own
-policy instance, on one shared simpy environment (and, optionally, an autoscaler).
+policy instance, on one shared event loop (and, optionally, an autoscaler).
 
 A router needs each replica's state at every arrival, so requests are routed one by one
 at their arrival time, after the completions of that instant and before any decision
@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import simpy
 
-from schedsim.core.events import COMPLETION, DECISION, Scheduled
+from schedsim.core.events import COMPLETION, DECISION, EventLoop, Scheduled
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import SimResult
 from schedsim.core.simulate import _Driver
@@ -154,7 +153,7 @@ class _Fleet:
                  autoscaler=None, initial=None, slack=0):
         self.requests, self.cost, self.instances = requests, cost, instances
         self.router, self.autoscaler = router, autoscaler
-        self.env = simpy.Environment()
+        self.env = EventLoop()
         n = len(requests)
         self.n = n
         self.one_sample_each = bool(n == 0 or (requests.samples == 1).all())

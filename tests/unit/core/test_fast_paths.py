@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +20,8 @@ from schedsim.errors import InputError
 from schedsim.core.metrics import PERCENTILES, summarize
 from schedsim.core.policy import Requests
 from schedsim.cost.profile import default_profile_path, load_profile
+from schedsim.cost.protocols import BatchCost
+from schedsim.core.events import EventLoop
 from schedsim.core.simulate import _Driver, _uniforms
 from schedsim.traces.table import Trace
 from schedsim.traces.io import load_trace, save_trace
@@ -36,7 +37,7 @@ def cost():
     return CostModel.from_profile(load_profile(default_profile_path()))
 
 
-class Delegating:
+class Delegating(BatchCost):
     """The same cost model behind a wrapper: the driver cannot tell that it draws one
     uniform per batch, so it passes the Generator itself (single draws)."""
 
@@ -81,8 +82,8 @@ def scenarios(draw):
 def test_inline_completions_and_block_uniforms_give_the_same_run(cost, scenario):
     req, make, instances, seed = scenario
     fast = _Driver(req, make(), cost, instances, seed, True).run()
-    # An environment passed in turns inline completions off; the wrapper, block uniforms.
-    plain = _Driver(req, make(), Delegating(cost), instances, seed, True, simpy.Environment()).run()
+    # An event loop passed in turns inline completions off; the wrapper, block uniforms.
+    plain = _Driver(req, make(), Delegating(cost), instances, seed, True, EventLoop()).run()
     assert fast.decisions == plain.decisions
     for name in COLUMNS:
         a, b = getattr(fast, name), getattr(plain, name)

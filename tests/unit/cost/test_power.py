@@ -16,6 +16,7 @@ from schedsim.errors import InputError
 from schedsim.core.policy import Requests
 from schedsim.cost.power import GpuClock, PowerCap, replay
 from schedsim.cost.profile import default_profile_path, load_profile
+from schedsim.cost.protocols import BatchCost
 from schedsim.core.simulate import simulate
 from schedsim.traces.table import Trace
 
@@ -69,7 +70,7 @@ def test_bad_caps_are_refused_with_the_field_named(kw, what):
         cap(**kw)
 
 
-class _FixedCost:
+class _FixedCost(BatchCost):
     """1 ms per batch plus 0.1 ms dispatch, whatever the size; the power cap of ``cap()``."""
 
     power_cap = cap(tau_rise_ms=1e-6, tau_fall_ms=1e-6)   # the clock jumps to each target

@@ -9,6 +9,7 @@ from policies import NoBatching
 from schedsim.errors import InputError
 from schedsim.core.policy import Requests
 from schedsim.core.simulate import simulate
+from schedsim.cost.protocols import BatchCost
 from schedsim.traces.table import Trace
 from schedsim.cost.wake import WakeCurve
 
@@ -50,7 +51,7 @@ def test_bad_curves_are_refused_with_the_field_named(kw, what):
         WakeCurve(kw.pop("idle_us"), kw.pop("extra_us"), source="x.json: wake_curve", **kw)
 
 
-class _CurveCost:
+class _CurveCost(BatchCost):
     """1 ms per batch; waking costs 100 us after 0.1 ms idle, 900 us after 10 ms (log-linear)."""
 
     def __init__(self):

@@ -9,6 +9,7 @@ import pytest
 
 from golden import run
 from policies import DynamicBatcher, NoBatching, StaticBatching
+from schedsim.cost.protocols import BatchCost
 from schedsim.errors import InputError
 
 
@@ -233,7 +234,7 @@ def test_request_timeout_counts_only_when_shorter_than_the_default():
     assert [e[1] for e in log] == ["launch", "launch"]  # no default: requests' timeouts ignored
 
 
-class _WakeCost:
+class _WakeCost(BatchCost):
     """1 ms per batch; 0.5 ms more when the batch wakes an idle serving loop."""
 
     wake_overhead_s = 0.0005
@@ -254,7 +255,7 @@ def test_a_batch_that_wakes_an_idle_loop_pays_the_wake_overhead():
     assert (result.batch_end_ns - result.batch_start_ns).tolist() == [1_500_000, 1_000_000, 1_500_000]
 
 
-class _SharedGpuCost:
+class _SharedGpuCost(BatchCost):
     """1 ms alone, 3 ms when two instances run at once (as a contention profile would say)."""
 
     def __init__(self, ms=1.0, contended=None):
