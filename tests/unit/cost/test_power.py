@@ -158,7 +158,7 @@ def test_profile_show_prints_the_power_cap():
 
 
 def test_the_clock_predicts_the_live_gpu_slowdown_at_the_same_batch_size():
-    """Run 10's live batches (H200, seven dynamic cells at 75-90% load; tests/data/
+    """A live run's batches (H200, seven dynamic cells at 75-90% load; tests/data/
     power_cap_check.csv.gz) replayed through the default profile's clock: where the
     model says the GPU is slower, the measured CUDA-event time over the profile's is higher,
     within bands of equal batch size too (so it is not the batch size speaking). Measured:
