@@ -1,0 +1,124 @@
+"""The Triton fidelity table: each live cell of ``run_h200.py`` against ``schedsim run``.
+
+For every cell the trace is regenerated from its recorded seed, rate and duration (the
+same generator ``run_h200.py`` used) and simulated with the cost table measured through
+the same Triton server (``schedsim profile --backend triton``), with the cell's policy
+settings and warm-up, ``--replications`` seeds of service-time draws. The live figure is
+the median of the cell's replications (fresh servers), shown with its range.
+
+Compared:
+- server-side mean latency: Triton's own statistics (``success`` time per request: queue
+  plus compute, from the server receiving the request to its response) against the
+  simulator's mean latency;
+- client-side p50/p99 (latency from each request's scheduled time to its answer) against
+  the simulator's percentiles plus the request path the profiler measured
+  (``triton_terms.request_path_us``: the client's latency beyond Triton's own request time);
+- throughput.
+
+    python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from schedsim.run.runner import execute  # noqa: E402
+from schedsim.run.spec import RunSpec  # noqa: E402
+from schedsim.traces.generate import generate  # noqa: E402
+from schedsim.traces.io import save_trace  # noqa: E402
+
+SEQ_LEN = 128
+
+
+def simulate_cell(run: dict, profile: Path, replications: int, work: Path) -> dict:
+    trace = generate("gamma" if run["arrival"] != "poisson" else "poisson", rng=np.random.default_rng(run["seed"]),
+                     duration_s=run["duration_s"], rate=run["rate_rps"],
+                     cv=None if run["arrival"] == "poisson" else run["cv"], seq_len=f"fixed:{SEQ_LEN}")
+    assert len(trace) == run["requests_in_trace"], (run["config"], len(trace), run["requests_in_trace"])
+    path = work / f"{run['config']}-{run['arrival']}-{run['load']}.csv"
+    save_trace(trace, path)
+    spec = RunSpec(trace=path, policy=run["policy"], params=dict(run["params"]), profile=profile,
+                   instances=run["instances"], warmup_s=0.5, replications=replications, seed=1)
+    return execute(spec).summary
+
+
+def server_mean_ms(delta: dict) -> float:
+    s = delta["inference_stats"]["success"]
+    return s["ns"] / s["count"] / 1e6 if s["count"] else math.nan
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--grid", type=Path, nargs="+", required=True)
+    ap.add_argument("--replications", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "triton" / "results")
+    args = ap.parse_args(argv)
+    meta = json.loads(args.profile.with_suffix(".json").read_text())
+    path_ms = meta["triton_terms"]["request_path_us"] / 1e3
+    cells = defaultdict(list)
+    for g in args.grid:
+        for line in g.read_text().splitlines():
+            run = json.loads(line)
+            cells[(run["config"], run["arrival"], run["load"])].append(run)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for (config, arrival, load), runs in sorted(cells.items()):
+            sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp))
+            live = {
+                "p50_ms": [r["summary"]["p50_ms"] for r in runs],
+                "p99_ms": [r["summary"]["p99_ms"] for r in runs],
+                "server_mean_ms": [server_mean_ms(r["triton_delta"]) for r in runs],
+                "throughput_rps": [r["summary"]["throughput_rps"] for r in runs],
+                "mean_batch_size": [r["summary"]["mean_batch_size"] for r in runs],
+            }
+            pred = {"p50_ms": sim["p50_ms"] + path_ms, "p99_ms": sim["p99_ms"] + path_ms,
+                    "server_mean_ms": sim["mean_ms"], "throughput_rps": sim["throughput_rps"],
+                    "mean_batch_size": sim["mean_batch_size"]}
+            row = {"config": config, "arrival": arrival, "load": load, "runs": len(runs),
+                   "rate_rps": round(runs[0]["rate_rps"], 1)}
+            for k, values in live.items():
+                med = float(np.median(values))
+                row[f"live_{k}"] = round(med, 4)
+                row[f"live_{k}_min"] = round(float(np.min(values)), 4)
+                row[f"live_{k}_max"] = round(float(np.max(values)), 4)
+                row[f"sim_{k}"] = round(float(pred[k]), 4)
+                row[f"err_{k}_pct"] = round(100 * (pred[k] - med) / med, 2)
+            rows.append(row)
+            print(f"{config:22s} {arrival:8s} {load:.1f}: p99 live {row['live_p99_ms']:7.2f} "
+                  f"[{row['live_p99_ms_min']:.2f}-{row['live_p99_ms_max']:.2f}] sim {row['sim_p99_ms']:7.2f} "
+                  f"({row['err_p99_ms_pct']:+.1f}%); server mean live {row['live_server_mean_ms']:.3f} "
+                  f"sim {row['sim_server_mean_ms']:.3f} ({row['err_server_mean_ms_pct']:+.1f}%); "
+                  f"thr {row['err_throughput_rps_pct']:+.2f}%", flush=True)
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "fidelity_h200.csv", index=False)
+    summary = {}
+    for k in ("p50_ms", "p99_ms", "server_mean_ms", "throughput_rps"):
+        e = table[f"err_{k}_pct"].abs()
+        summary[k] = {"median_abs_err_pct": round(float(e.median()), 2), "worst_abs_err_pct": round(float(e.max()), 2)}
+        for load in sorted(table.load.unique()):
+            el = table[table.load == load][f"err_{k}_pct"].abs()
+            summary[k][f"load_{load:g}"] = {"median": round(float(el.median()), 2), "worst": round(float(el.max()), 2)}
+    summary["cells"] = len(table)
+    summary["profile"] = str(args.profile.name)
+    summary["request_path_ms"] = path_ms
+    (args.out / "fidelity_h200_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
