@@ -108,6 +108,7 @@ def profile(
     triton_depth: Annotated[int, typer.Option(help="triton: batches in flight per size (depth x b clients), so the server never idles.")] = 2,
     triton_trace: Annotated[bool, typer.Option("--triton-trace/--no-triton-trace", help="triton: per-batch samples from Triton's trace (one request in b).")] = True,
     triton_zero_delay_requests: Annotated[int, typer.Option(help="triton: sequential single requests for the zero-delay queue and request-path terms (0 skips).")] = 200,
+    triton_protocol: Annotated[str, typer.Option(help="triton: how the clients reach the server, http or grpc; http (the default) sends the same requests as schedsim live --backend triton (aiohttp, binary output).")] = "http",
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
 ):
     """Measure a model on a backend into a cost table (CSV + JSON sidecar + raw samples)."""
@@ -126,7 +127,7 @@ def profile(
             model=model, batch_sizes=parse_sizes(batch_sizes, "--batch-sizes"), seq_len=seqs[0], device=device,
             precision=None if precision == "fp32" and device != "cuda" else precision, cuda_graphs=cuda_graphs,
             batches=triton_batches, warmup_batches=triton_warmup_batches, depth=triton_depth, trace=triton_trace,
-            zero_delay_requests=triton_zero_delay_requests, seed=seed)
+            zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed)
         outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
         for w in outcome.warnings:
             _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
@@ -289,6 +290,10 @@ def show(
     plot: Annotated[Optional[Path], typer.Option(help="Write latency and throughput vs batch to this PNG.")] = None,
 ):
     """Print a profile's table and provenance; optionally plot latency and throughput vs batch."""
+    if plot is not None:
+        from schedsim.run.outdir import check_out_file
+
+        check_out_file(plot, "--plot", create_parent=True)
     prof = _load(path)
     console = Console()
     console.print(f"[bold]{path}[/bold]: {_provenance(prof)}", highlight=False)
@@ -393,6 +398,10 @@ def compare(
     plot: Annotated[Optional[Path], typer.Option(help="Write B/A latency ratio vs batch to this PNG.")] = None,
 ):
     """Side by side: mean latency of A and B per cell, B/A, and which is faster where."""
+    if plot is not None:
+        from schedsim.run.outdir import check_out_file
+
+        check_out_file(plot, "--plot", create_parent=True)
     pa, pb = _load(a), _load(b)
     m = compare_tables(pa, pb)
     console = Console()

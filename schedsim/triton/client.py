@@ -76,13 +76,27 @@ def _error_text(body: bytes, status: int) -> str:
         return f"HTTP {status}: {body[:200]!r}"
 
 
+async def _post(session, endpoint: str, body: bytes, j: int, out: dict) -> None:
+    """POST one request; record its sent and answered times, HTTP status and error in row ``j``."""
+    out["sent"][j] = time.monotonic_ns()
+    try:
+        async with session.post(endpoint, data=body) as r:
+            payload = await r.read()
+            out["answered"][j] = time.monotonic_ns()
+            out["status"][j] = r.status
+            if r.status != 200:
+                out["error"][j] = _error_text(payload, r.status)
+    except Exception as exc:  # noqa: BLE001 - every failure is a measured outcome
+        out["answered"][j] = time.monotonic_ns()
+        out["error"][j] = f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
+
+
 async def _send_all(url: str, model: str, rows: np.ndarray, target_ns: np.ndarray, keys: np.ndarray,
                     parts: dict, stop, request_timeout_s: float, out: dict, warmup: int,
                     connections: int = 256) -> None:
     import aiohttp
 
     endpoint = f"http://{url}/v2/models/{model}/infer"
-    sent, answered, status, error = out["sent"], out["answered"], out["status"], out["error"]
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
     # At most ``connections`` requests in flight per process: beyond that, an overloaded
@@ -91,18 +105,7 @@ async def _send_all(url: str, model: str, rows: np.ndarray, target_ns: np.ndarra
 
         async def one(j: int) -> None:
             prefix, suffix = parts[keys[j]]
-            body = prefix + str(int(rows[j])).encode() + suffix
-            sent[j] = time.monotonic_ns()
-            try:
-                async with session.post(endpoint, data=body) as r:
-                    payload = await r.read()
-                    answered[j] = time.monotonic_ns()
-                    status[j] = r.status
-                    if r.status != 200:
-                        error[j] = _error_text(payload, r.status)
-            except Exception as exc:  # noqa: BLE001 - every failure is a measured outcome
-                answered[j] = time.monotonic_ns()
-                error[j] = f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
+            await _post(session, endpoint, prefix + str(int(rows[j])).encode() + suffix, j, out)
 
         # Open ``warmup`` connections before the clock starts, so that a burst does not pay
         # for connecting (these requests are not recorded).
@@ -234,3 +237,35 @@ def drive(url: str, model: str, arrival_ns: np.ndarray, seq_len: np.ndarray, *, 
     record.scheduled_ns[:] = record.t0_ns + np.asarray(arrival_ns, np.int64)
     record.failures = failures
     return record
+
+
+def drive_closed(url: str, model: str, seq_len: int, clients: int, requests: int, *, vocab: int = 30522,
+                 seed: int = 0, request_timeout_s: float = 120.0) -> ClientRecord:
+    """Closed loop over HTTP, with the request bodies :func:`drive` sends: ``clients`` coroutines
+    on one asyncio loop (in this process) share ``requests`` tickets, each sending its next
+    request as soon as its last is answered. ``scheduled_ns`` is the sent time.
+
+    The tickets are shared, not a quota per client, so the server's queue keeps filling
+    until the last ticket is taken."""
+    import aiohttp
+
+    body = _body_parts(seq_len, vocab, np.random.default_rng(seed))
+    out = {"sent": np.full(requests, -1, np.int64), "answered": np.full(requests, -1, np.int64),
+           "status": np.zeros(requests, np.int32), "error": [""] * requests}
+    endpoint = f"http://{url}/v2/models/{model}/infer"
+
+    async def run() -> None:
+        timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(clients, 1)),
+                                         timeout=timeout) as session:
+            tickets = iter(range(requests))  # one loop: each client takes the next ticket
+
+            async def client() -> None:
+                for j in tickets:
+                    await _post(session, endpoint, body[0] + str(j).encode() + body[1], j, out)
+
+            await asyncio.gather(*(client() for _ in range(clients)))
+
+    t0 = time.monotonic_ns()
+    asyncio.run(run())
+    return ClientRecord(out["sent"].copy(), out["sent"], out["answered"], out["status"], out["error"], t0_ns=t0)

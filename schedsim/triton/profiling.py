@@ -6,8 +6,14 @@ responses, on a busy server: a table measured after idle gaps is wrong for a bus
 busy cells). So each batch size ``b`` is measured on a model of its own
 (``profile_b{b}``: ``max_batch_size: b``, ``max_queue_delay_microseconds`` of one second,
 so the batcher sends exactly ``b`` requests when ``b`` are queued) driven closed loop by
-``depth x b`` client threads (synchronous gRPC calls, one request of one sample each):
-while one batch runs, the next is already queued, and the server never idles.
+``depth x b`` clients, one request of one sample each: while one batch runs, the next is
+already queued, and the server never idles.
+
+The clients reach the server the way ``schedsim live --backend triton`` does by default
+(``protocol="http"``): coroutines on one asyncio loop posting the same KServe v2 HTTP
+bodies with binary output as :mod:`schedsim.triton.client`, so the instance does the same
+work per request (the output phase, compute_output, depends on how the response is sent).
+``protocol="grpc"`` drives it with synchronous tritonclient gRPC calls from threads instead.
 
 Per batch size:
 
@@ -36,7 +42,7 @@ Named terms in the sidecar, and what the simulator does with them
   (sequential single requests on ``profile_d0``); ``compute_input_us_per_request`` and
   ``compute_output_us_per_request`` there; ``batch1_sequential_ms``, a batch of 1 that
   follows a client round trip of idling; and ``request_path_us``, the client's latency
-  beyond Triton's own request time (gRPC frontend, network stack and client), which the
+  beyond Triton's own request time (the frontend, network stack and client), which the
   simulator's server-side latency does not include.
 
 Everything measured stays in ``OUT.triton/``: the model repository, the server's log, the
@@ -61,6 +67,7 @@ from schedsim.errors import InputError
 QUEUE_DELAY_US = 1_000_000
 """Delay of the per-size models: long enough that only a full batch ever leaves."""
 BUILTINS = ("bert-tiny", "bert-base")
+PROTOCOLS = ("http", "grpc")
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,9 @@ class TritonProfileSpec:
     warmup_batches: int = 20
     """Executions per size before the measured stretch (not counted)."""
     depth: int = 2
-    """Batches in flight per size (depth x b client threads)."""
+    """Batches in flight per size (depth x b clients)."""
+    protocol: str = "http"
+    """http (the live client's aiohttp requests, binary output) or grpc (tritonclient threads)."""
     trace: bool = True
     """Sample per-batch times from Triton's trace (one request in b); off: means only."""
     zero_delay_requests: int = 200
@@ -106,6 +115,8 @@ class TritonProfileSpec:
             raise InputError(f"--precision {self.precision}: the CPU engine computes in fp32")
         if self.precision not in (None, "fp16", "bf16", "fp32"):
             raise InputError(f"--precision: {self.precision!r} is not valid; expected fp16, bf16 or fp32")
+        if self.protocol not in PROTOCOLS:
+            raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InputError(f"--batch-sizes: {self.batch_sizes} must be integers >= 1")
         if not 1 <= self.seq_len <= 512:
@@ -153,6 +164,8 @@ def model_name(b: int) -> str:
 
 
 ZERO_DELAY_MODEL = "profile_d0"
+_CLIENTS = {"http": "HTTP, the live client's aiohttp requests with binary output, one asyncio loop",
+            "grpc": "gRPC, synchronous tritonclient calls from threads"}
 
 
 def _parameters(spec: TritonProfileSpec) -> tuple[dict, str, dict]:
@@ -250,6 +263,21 @@ def closed_loop(grpc_url: str, model: str, seq_len: int, threads: int, requests:
     return sent, done
 
 
+def drive_closed_loop(server, spec: TritonProfileSpec, model: str, clients: int, requests: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`closed_loop` over ``spec.protocol``: (sent_ns, answered_ns) of every request."""
+    if spec.protocol == "grpc":
+        return closed_loop(server.grpc_url, model, spec.seq_len, clients, requests, rng)
+    from schedsim.triton.client import drive_closed
+
+    rec = drive_closed(server.url, model, spec.seq_len, clients, requests, seed=int(rng.integers(2**31)))
+    bad = np.flatnonzero((rec.http_status != 200) | (rec.answered_ns < 0))
+    if bad.size:
+        first = " ".join((rec.error[bad[0]] or f"HTTP {rec.http_status[bad[0]]}").split())
+        raise InputError(f"Triton answered {model} with an error ({bad.size} of {requests} requests): {first[:240]}")
+    return rec.sent_ns, rec.answered_ns
+
+
 def settled_snapshot(url: str, model: str, inferences: int, timeout_s: float = 10.0):
     """The model's statistics once they count ``inferences`` samples: Triton answers a batch's
     requests before it adds the batch to its statistics, so a snapshot taken the moment the
@@ -268,11 +296,11 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
     name = model_name(b)
     threads = spec.depth * b
     if spec.warmup_batches:
-        closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.warmup_batches * b, rng)
+        drive_closed_loop(server, spec, name, threads, spec.warmup_batches * b, rng)
     before = settled_snapshot(server.url, name, spec.warmup_batches * b)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
-    sent, done = closed_loop(server.grpc_url, name, spec.seq_len, threads, spec.batches * b, rng)
+    sent, done = drive_closed_loop(server, spec, name, threads, spec.batches * b, rng)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["OFF"]})
     after = settled_snapshot(server.url, name, (spec.warmup_batches + spec.batches) * b)
@@ -300,9 +328,9 @@ def _plain(stats) -> dict:
 
 def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
     warm = min(20, spec.zero_delay_requests)
-    closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, warm, rng)
+    drive_closed_loop(server, spec, ZERO_DELAY_MODEL, 1, warm, rng)
     before = settled_snapshot(server.url, ZERO_DELAY_MODEL, warm)
-    sent, done = closed_loop(server.grpc_url, ZERO_DELAY_MODEL, spec.seq_len, 1, spec.zero_delay_requests, rng)
+    sent, done = drive_closed_loop(server, spec, ZERO_DELAY_MODEL, 1, spec.zero_delay_requests, rng)
     after = settled_snapshot(server.url, ZERO_DELAY_MODEL, warm + spec.zero_delay_requests)
     (raw / f"stats_{ZERO_DELAY_MODEL}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
     d = after.since(before, f"{server.url} statistics")
@@ -317,7 +345,7 @@ def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
         "request_path_us": round(client_us - per.get("success", math.nan), 3),
         "client_latency_us": round(client_us, 3),
         "requests": int(d.requests.get("success", (0, 0))[0]),
-        "protocol": "gRPC (tritonclient), one request at a time",
+        "protocol": f"{_CLIENTS[spec.protocol]}, one request at a time",
     }
 
 
@@ -462,7 +490,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         "date": started.isoformat(timespec="seconds"),
         "duration_s": round((datetime.now(timezone.utc) - started).total_seconds(), 1),
         "timing": ("per batch size, a model with max_batch_size b and a 1 s queue delay driven closed loop by "
-                   f"depth x b = {spec.depth} x b one-sample gRPC clients, so Triton runs full batches back to back; "
+                   f"depth x b = {spec.depth} x b one-sample clients ({_CLIENTS[spec.protocol]}), so Triton runs "
+                   "full batches back to back; "
                    "latency_ms_mean and n from the difference of Triton's batch_stats around the measured stretch "
                    "(compute_input + compute_infer + compute_output); spread from each traced execution's "
                    "COMPUTE_START -> COMPUTE_END (one request in b traced)"),
@@ -471,6 +500,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         "batches": spec.batches,
         "warmup_batches": spec.warmup_batches,
         "depth": spec.depth,
+        "protocol": spec.protocol,
         "seed": spec.seed,
         "dispatch_overhead_us": round(a, 3),
         "dispatch_overhead_us_per_sample": round(c, 3),

@@ -13,7 +13,7 @@ from cli_helpers import assert_one_line_error, schedsim
 from schedsim.cost.model import CostModel
 from schedsim.cost.profile import load_profile
 from schedsim.errors import InputError
-from schedsim.triton.profiling import TritonProfileSpec
+from schedsim.triton.profiling import TritonProfileSpec, run_triton_profile
 
 
 def _server_or_skip():
@@ -77,4 +77,24 @@ def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
                                    "--seq-lens", "16,32", "--out", out), "one seq_len")
     with pytest.raises(InputError, match="--triton-depth: 0"):
         TritonProfileSpec(depth=0).check()
+    assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
+                                   "--triton-protocol", "quic", "--out", out), "expected http or grpc")
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol, client", [("http", "HTTP, the live client's aiohttp"), ("grpc", "gRPC")])
+def test_the_closed_loop_reaches_the_server_over_either_protocol(tmp_path, protocol, client):
+    """http sends the live client's requests (schedsim.triton.client's bodies); grpc, tritonclient
+    calls. Either way every measured execution is a full batch, counted by Triton itself."""
+    _server_or_skip()
+    spec = TritonProfileSpec(model="builtin:bert-tiny", batch_sizes=(1, 2), seq_len=8, batches=10, warmup_batches=2,
+                             trace=False, zero_delay_requests=10, protocol=protocol)
+    outcome = run_triton_profile(spec, tmp_path / "p.csv", note=lambda _: None)
+    prof = load_profile(outcome.path)
+    assert prof.columns["n"].tolist() == [10, 10]
+    assert prof.meta["protocol"] == protocol and client in prof.meta["timing"]
+    terms = prof.meta["triton_terms"]
+    assert terms["protocol"].startswith(client) and terms["requests"] == 10
+    assert terms["compute_output_us_per_request"] > 0 and terms["request_path_us"] > 0
+    assert np.all(prof.columns["cycle_ms"].astype(float) > 0)
