@@ -185,15 +185,16 @@ def test_triton_url_drives_a_server_the_user_runs(tmp_path):
     params = {"max_batch_size": 8, "max_queue_delay_us": 100000}
     cfg = model_config("users_model", policy="dynamic", params=params, parameters={"seq_lens": "16"})
     write_repository(tmp_path / "repo", "users_model", cfg)
-    trace = burst_trace(tmp_path / "bursts.csv", [4, 8, 2])
+    trace = burst_trace(tmp_path / "bursts.csv", [4, 8, 2], gap_s=0.5)
     with TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL) as server:
         proc = schedsim("live", trace, "--backend", "triton", *POLICY, "--triton-url", server.url,
-                        "--triton-model", "users_model", "--warmup-s", "0.2", "--out", tmp_path / "out", "--json")
+                        "--triton-model", "users_model", "--warmup-s", "0.3", "--out", tmp_path / "out", "--json")
         assert server.alive()
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    # The first burst (4 requests, sent as one batch 100 ms in) falls in the warm-up: its
-    # batch is left out as the simulator leaves it out, by reading the statistics at 0.2 s.
+    # The first burst (4 requests at 0 s, one batch 100 ms in) falls in the warm-up: its
+    # batch is left out as the simulator leaves it out, by reading the statistics at 0.3 s
+    # (200 ms after that batch and before the next burst, at 0.5 s: room for a loaded host).
     assert summary["batch_size_histogram"] == {"2": 1, "8": 1} and summary["completed"] == 10
     stats = json.loads((tmp_path / "out" / "triton_stats.json").read_text())
     assert stats["delta"]["execution_count"] == 2 and stats["start"] != stats["before"]
