@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -68,7 +69,45 @@ def build_policy(spec: str, params: dict):
     if unknown:
         known = ", ".join(p for p in sig.parameters if p != "self") or "none"
         raise InputError(f"--policy {spec}: unknown parameter {unknown[0]!r}; it accepts: {known}")
-    return cls(**params)
+    _check_types(spec, cls, sig, params)
+    if spec in POLICIES:
+        return cls(**params)
+    try:
+        return cls(**params)
+    except InputError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        # A user's constructor rejecting a value (int("abc"), a missing argument): one line.
+        raise InputError(f"--policy {spec}: {type(exc).__name__}: {exc}") from None
+
+
+_NUMBERS = {int: (int,), float: (int, float), bool: (bool,)}
+
+
+def _check_types(spec: str, cls, sig: inspect.Signature, params: dict) -> None:
+    """InputError naming the parameter when a value does not have the constructor's annotated
+    type (int, float or bool, optionally ``X | None``)."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: leave the checking to the constructor
+        hints = {}
+    for key, value in params.items():
+        if key not in sig.parameters:
+            continue
+        hint = hints.get(key)
+        args = typing.get_args(hint)
+        if args and type(None) in args:
+            if value is None:
+                continue
+            rest = [a for a in args if a is not type(None)]
+            hint = rest[0] if len(rest) == 1 else None
+        if hint not in _NUMBERS:
+            continue
+        ok = isinstance(value, _NUMBERS[hint]) and (hint is bool or not isinstance(value, bool))
+        ok = ok or (hint is int and isinstance(value, float) and value.is_integer())
+        if not ok:
+            raise InputError(f"--param {key}={value}: {spec} takes {key} as {hint.__name__}; "
+                             f"{value!r} is not one")
 
 
 def load_router(spec: str, params: dict | None = None):

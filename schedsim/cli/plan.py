@@ -61,6 +61,7 @@ def plan(
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import Objective, parse_slo
     from schedsim.planning.plan import DEFAULT_GRIDS, PlanSpec, plan as make_plan, trace_for_plan
+    from schedsim.run.outdir import prepare_out_dir
     from schedsim.run.spec import RunSpec
 
     if not qps > 0:
@@ -68,6 +69,10 @@ def plan(
     slo_terms = parse_slo(slo, slo_p99_ms)
     if not slo_terms:
         raise InputError("--slo-p99-ms / --slo: a plan needs an SLO to meet")
+    if seed < 0:
+        raise InputError(f"--seed: {seed} is not valid; expected an integer >= 0")
+    if out is not None:
+        prepare_out_dir(out)
     grid_values = parse_grid(grid) if grid else DEFAULT_GRIDS.get(policy, {})
     params = o.policy_params(max_batch_size=max_batch_size, preferred_batch_size=None, param=param)
     if trace is not None and (cv is not None or arrival != "poisson"):
@@ -149,6 +154,12 @@ def autoscale(
     from schedsim.planning.autoscale import UtilizationAutoscaler, compare_with_fixed
     from schedsim.run.spec import RunSpec
 
+    from schedsim.run.outdir import prepare_out_dir
+
+    if seed < 0:
+        raise InputError(f"--seed: {seed} is not valid; expected an integer >= 0")
+    if out is not None:
+        prepare_out_dir(out)
     auto = UtilizationAutoscaler(scale_up_above, scale_down_below, window_s, interval_s, cold_start_s,
                                  min_replicas, max_replicas)
     params = o.policy_params(max_batch_size=max_batch_size, preferred_batch_size=preferred_batch_size,

@@ -290,6 +290,10 @@ def show(
     plot: Annotated[Optional[Path], typer.Option(help="Write latency and throughput vs batch to this PNG.")] = None,
 ):
     """Print a profile's table and provenance; optionally plot latency and throughput vs batch."""
+    if plot is not None:
+        from schedsim.run.outdir import check_out_file
+
+        check_out_file(plot, "--plot", create_parent=True)
     prof = _load(path)
     console = Console()
     console.print(f"[bold]{path}[/bold]: {_provenance(prof)}", highlight=False)
@@ -394,6 +398,10 @@ def compare(
     plot: Annotated[Optional[Path], typer.Option(help="Write B/A latency ratio vs batch to this PNG.")] = None,
 ):
     """Side by side: mean latency of A and B per cell, B/A, and which is faster where."""
+    if plot is not None:
+        from schedsim.run.outdir import check_out_file
+
+        check_out_file(plot, "--plot", create_parent=True)
     pa, pb = _load(a), _load(b)
     m = compare_tables(pa, pb)
     console = Console()

@@ -76,9 +76,12 @@ def sweep(
     """Run TRACE once per grid cell in parallel; rank the cells; recommend the best setting meeting the SLO."""
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import parse_objective, parse_slo
+    from schedsim.run.outdir import prepare_out_dir
     from schedsim.run.spec import RunSpec
     from schedsim.planning.sweep import SweepSpec, run_command, run_sweep
 
+    if out is not None:
+        prepare_out_dir(out)
     grid_values = parse_grid(grid)
     slo_terms = parse_slo(slo, slo_p99_ms)
     params = o.policy_params(max_batch_size=max_batch_size, preferred_batch_size=None, param=param)

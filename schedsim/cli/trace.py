@@ -49,10 +49,18 @@ def gen(
 ) -> None:
     """Write a synthetic trace and print a one-line summary."""
     from schedsim.traces.generate import generate, parse_length
+    from schedsim.run.outdir import check_out_file
     from schedsim.traces.io import save_trace, trace_stats
 
     if (n is None) == (duration_s is None):
         raise InputError("trace gen: give exactly one of --n or --duration-s")
+    if seed < 0:
+        raise InputError(f"--seed: {seed} is not valid; expected an integer >= 0")
+    if n is not None and n < 1:
+        raise InputError(f"--n: {n} is not valid; expected an integer >= 1 (a trace needs a request)")
+    if cv is not None and arrival != "gamma":
+        raise InputError(f"--cv: applies to --arrival gamma; {arrival} arrivals have no CV to set")
+    check_out_file(out, "--out")
     if burstiness is not None:
         if cv is not None or arrival != "gamma":
             raise InputError("--burstiness: goes with --arrival gamma and instead of --cv")

@@ -13,6 +13,7 @@ from schedsim.errors import InputError
 from schedsim.planning.fleet import simulate_spec_fleet
 from schedsim.registry import build_policy
 from schedsim.run.llm_runner import execute_llm, is_llm_run, might_be_llm
+from schedsim.run.outdir import prepare_out_dir
 from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, policy_config
 from schedsim.traces.io import load_trace, scale_rate
 from schedsim.triton.config import load_triton_config, to_policy_kwargs
@@ -50,6 +51,9 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
     """Run ``spec``; ``llm`` (:class:`~schedsim.run.spec.LLMOptions`) holds the LLM-only flags."""
     trace = None
     llm = llm or LLMOptions()
+    check_spec(spec)
+    if spec.out is not None:
+        prepare_out_dir(spec.out)  # before simulating: a bad --out fails now, not at the write
     if might_be_llm(spec.policy, llm):
         check_spec(spec)
         trace = load_trace(spec.trace)

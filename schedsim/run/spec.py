@@ -105,6 +105,8 @@ class RunInputs:
 
 def check_spec(spec: RunSpec) -> None:
     """InputError naming the flag when a value of ``spec`` is out of range."""
+    if spec.seed < 0:
+        raise InputError(f"--seed: {spec.seed} is not valid; expected an integer >= 0")
     if spec.replications < 1:
         raise InputError(f"--replications: {spec.replications} is not valid; expected an integer >= 1")
     if spec.warmup_s < 0:

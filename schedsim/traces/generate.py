@@ -204,6 +204,25 @@ _PARAMS = {
 }
 
 
+MAX_REQUESTS = 200_000_000
+"""Largest trace :func:`arrival_times` makes (about 1.6 GB per float64 column)."""
+
+
+def _check_size(kind, n, duration_s, rate, rate_off, amplitude) -> None:
+    """Refuse, before drawing anything, a trace too large to hold in memory."""
+    if n is not None:
+        expected, flag = float(n), "n"
+    else:
+        try:
+            peak = max(float(rate), float(rate_off or 0.0)) * (1.0 + float(amplitude or 0.0))
+            expected, flag = peak * float(duration_s), "rate x duration_s"
+        except (TypeError, ValueError):
+            return  # the process's own checks word the bad value
+    if expected > MAX_REQUESTS:
+        raise InputError(f"{flag}: {kind} arrivals would make about {expected:,.0f} requests; "
+                         f"at most {MAX_REQUESTS:,} fit in memory")
+
+
 def arrival_times(kind: str, *, rng: np.random.Generator, n: int | None = None,
                   duration_s: float | None = None, rate: float | None = None,
                   cv: float | None = None, on_s: float | None = None, off_s: float | None = None,
@@ -221,6 +240,7 @@ def arrival_times(kind: str, *, rng: np.random.Generator, n: int | None = None,
     missing = [p for p in _PARAMS[kind] if given[p] is None]
     if missing:
         raise InputError(f"arrival process {kind!r} needs {', '.join(missing)}")
+    _check_size(kind, n, duration_s, rate, rate_off, amplitude)
     if kind == "poisson":
         return poisson(rate, rng=rng, n=n, duration_s=duration_s)
     if kind == "gamma":
