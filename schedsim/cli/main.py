@@ -147,6 +147,7 @@ def run(
     contention_profile: Annotated[list[Path], typer.Option(help="Profile measured with K instances at once on one GPU (repeatable); prices batches that run alongside others (default: the profile sidecar's contention_profiles).")] = [],
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="With --out: replace the run in a non-empty directory (its earlier files are removed first).")] = False,
     json_output: o.JsonOutput = False,
     model_spec: o.ModelSpec = None,
     num_gpu_blocks: o.NumGpuBlocks = None,
@@ -187,7 +188,7 @@ def run(
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
-        out=out, plot=plot, replicas=replicas, router=router)
+        out=out, plot=plot, overwrite=overwrite, replicas=replicas, router=router)
     llm = o.llm_options(locals())
     outcome = execute(spec, llm)
     if json_output:

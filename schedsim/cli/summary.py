@@ -44,6 +44,8 @@ def print_summary(outcome) -> None:
         top = sorted(hist.items(), key=lambda kv: -kv[1])[:8]
         console.print("batch sizes (share of batches): " + ", ".join(
             f"{size}: {count / total:.1%}" for size, count in sorted(top)))
+    for note in s.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")
 
@@ -85,5 +87,7 @@ def print_llm_summary(outcome) -> None:
     console.print(rows)
     for note in s.get("warnings", []):
         console.print(f"[yellow]warning:[/yellow] {note}")
+    for note in s.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")

@@ -51,6 +51,7 @@ def load_run_dir(path: Path, what: str, numbers: tuple[str, ...] = ("arrival_s",
         summary = json.loads(summary_path.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"{summary_path}: not valid JSON: {exc}") from exc
+    _check_kind(path, what, summary)
     try:
         table = pacsv.read_csv(requests_path, convert_options=pacsv.ConvertOptions(
             include_columns=[*numbers, "status"], column_types={k: "float64" for k in numbers}))
@@ -59,6 +60,22 @@ def load_run_dir(path: Path, what: str, numbers: tuple[str, ...] = ("arrival_s",
     cols = {k: table[k].to_numpy(zero_copy_only=False).astype(np.float64) for k in numbers}
     cols["status"] = np.asarray(table["status"].cast("string").to_pylist(), dtype=object)
     return summary, cols
+
+
+def _check_kind(path: Path, what: str, summary: dict) -> None:
+    """InputError when ``--sim`` names a live run's directory or ``--live`` a simulation's."""
+    config = summary.get("config", {}) if isinstance(summary, dict) else {}
+    live = config.get("driver") == "live" or (path / "live.json").is_file()
+    simulated = not live and "replications" in config  # only schedsim run records replications
+    if summary.get("partial"):
+        raise InputError(f"{what} {path}: the live run is partial ({summary.get('partial_reason', 'stopped early')}); "
+                         "validate needs a complete run")
+    if what == "--sim" and live:
+        raise InputError(f"--sim {path}: a schedsim live output directory (it has live.json); "
+                         "--sim takes the directory of a schedsim run")
+    if what == "--live" and simulated:
+        raise InputError(f"--live {path}: a schedsim run output directory (a simulation, no live.json); "
+                         "--live takes the directory of a schedsim live run")
 
 
 def check_same(sim: dict, live: dict, sim_cols: dict, live_cols: dict, sim_dir, live_dir) -> None:

@@ -14,7 +14,7 @@ from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
 from schedsim.live.llm_driver import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
-from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, policy_config
+from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, policy_config, trace_notes
 from schedsim.traces.io import scale_rate
 
 LLM_POLICY_NAMES = ("continuous", "paged-kv", "llm-static")
@@ -93,6 +93,8 @@ def execute_llm(spec, options: LLMOptions, trace):
         "slo_e2e_ms": options.slo_e2e_ms, "policy_stats": stats}
     if notes:
         summary["warnings"] = notes
+    if trace_notes(trace):
+        summary["notes"] = trace_notes(trace)
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
              f"model {budget.spec.name if budget else '?'}, step profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)

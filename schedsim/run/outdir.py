@@ -20,6 +20,31 @@ def prepare_out_dir(path, flag: str = "--out") -> Path:
     return path
 
 
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv", "latency_cdf.png", "batch_size_hist.png",
+             "queue_length.png", "timeline.png", "batches.csv", "live.json", "live_steps.csv",
+             "validation.json", "latency_cdf_validation.png")
+"""What a run (or a live run, or its validation) writes into its directory."""
+
+
+def claim_run_dir(path, overwrite: bool = False, flag: str = "--out") -> Path:
+    """Make ``path`` the run's own directory: created now; refused when it holds anything unless
+    ``overwrite``, which removes an earlier run's files (and keeps any others) so that none of
+    them can pass for this run's."""
+    path = prepare_out_dir(path, flag)
+    entries = sorted(p.name for p in path.iterdir())
+    if entries and not overwrite:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise InputError(f"{flag}: {path} is not empty ({len(entries)} entries: {shown}); "
+                         "give an empty or new directory, or --overwrite to replace the run in it")
+    if overwrite:
+        for name in RUN_FILES:
+            try:
+                (path / name).unlink(missing_ok=True)
+            except OSError as exc:
+                raise InputError(f"{flag}: {path / name}: cannot remove it ({exc.strerror or exc})") from None
+    return path
+
+
 def check_out_file(path, flag: str = "--out", *, create_parent: bool = False) -> Path:
     """Check that the file ``path`` can be written: not a directory, and its directory exists
     (or, with ``create_parent``, can be created now)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from schedsim.core.metrics import combine_replications, summarize
@@ -13,9 +14,10 @@ from schedsim.errors import InputError
 from schedsim.planning.fleet import simulate_spec_fleet
 from schedsim.registry import build_policy
 from schedsim.run.llm_runner import execute_llm, is_llm_run, might_be_llm
-from schedsim.run.outdir import prepare_out_dir
-from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, policy_config
-from schedsim.traces.io import load_trace, scale_rate
+from schedsim.run.outdir import claim_run_dir
+from schedsim.run.spec import (LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, policy_config,
+                                 trace_notes)
+from schedsim.traces.io import from_first_arrival, load_trace, scale_rate
 from schedsim.triton.config import load_triton_config, to_policy_kwargs
 
 
@@ -29,19 +31,51 @@ def policy_params(spec: RunSpec) -> tuple[dict, int]:
         if cfg.max_batch_size == 0:
             raise InputError(f"{spec.triton_config}: max_batch_size: 0 means the model does not batch; "
                              "use --policy none")
+        if not cfg.has_dynamic_batching:
+            if spec.params:
+                raise InputError(f"--{next(iter(spec.params)).replace('_', '-')}: {spec.triton_config} has no "
+                                 "dynamic_batching block, so Triton does not batch requests together")
+            return {}, instances or cfg.instances
         params = to_policy_kwargs(cfg)
         instances = instances or params.pop("instances")
         params.pop("instances", None)
     return params | spec.params, instances or 1
 
 
+def prepare_trace(spec: RunSpec, trace=None):
+    """The trace ``spec`` names (loaded unless given), measured from its first arrival when its
+    times are clock times, after checking that ``--warmup-s`` leaves requests to measure."""
+    if trace is None:
+        trace = load_trace(spec.trace)
+    if trace.meta.get("arrival_offset_s") is None:
+        trace = from_first_arrival(trace)
+    if spec.warmup_s > 0 and len(trace):
+        last_s = float(trace.arrival_s[-1]) / spec.rate_scale
+        if spec.warmup_s > last_s:
+            raise InputError(f"--warmup-s: {spec.warmup_s:g} s leaves no request to measure; the trace's "
+                             f"last arrival is at {last_s:.6g} s")
+    return trace
+
+
+def effective_policy(spec: RunSpec) -> str:
+    """The policy ``spec`` runs: a Triton config without a ``dynamic_batching`` block is served
+    by Triton's default scheduler, which runs each request as it comes (``none``)."""
+    if spec.triton_config is not None and spec.policy == "dynamic":
+        if not load_triton_config(spec.triton_config).has_dynamic_batching:
+            return "none"
+    return spec.policy
+
+
+NO_DYNAMIC_BATCHING = ("{path} has no dynamic_batching block: Triton's default scheduler runs each "
+                       "request as it comes, simulated as --policy none")
+
+
 def load_inputs(spec: RunSpec, trace=None) -> RunInputs:
     """Check the spec, build the policy, load (and rescale) the trace (unless given)."""
     check_spec(spec)
     params, instances = policy_params(spec)
-    policy = build_policy(spec.policy, params)
-    if trace is None:
-        trace = load_trace(spec.trace)
+    policy = build_policy(effective_policy(spec), params)
+    trace = prepare_trace(spec, trace)
     if spec.rate_scale != 1.0:
         trace = scale_rate(trace, spec.rate_scale)
     return RunInputs(trace, Requests.from_trace(trace), policy, params, instances)
@@ -53,10 +87,10 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
     llm = llm or LLMOptions()
     check_spec(spec)
     if spec.out is not None:
-        prepare_out_dir(spec.out)  # before simulating: a bad --out fails now, not at the write
+        claim_run_dir(spec.out, spec.overwrite)  # before simulating: a bad --out fails now
     if might_be_llm(spec.policy, llm):
         check_spec(spec)
-        trace = load_trace(spec.trace)
+        trace = prepare_trace(spec)
         if is_llm_run(spec.policy, trace):
             return execute_llm(spec, llm, trace)
         llm.reject_for_request_level(spec.policy)
@@ -65,6 +99,10 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
 
 def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     inputs = load_inputs(spec, trace)
+    notes = trace_notes(inputs.trace)
+    if effective_policy(spec) != spec.policy:
+        notes.append(NO_DYNAMIC_BATCHING.format(path=spec.triton_config))
+        spec = dataclasses.replace(spec, policy=effective_policy(spec))
     trace, requests, policy, instances = inputs.trace, inputs.requests, inputs.policy, inputs.instances
     profile_path = spec.profile or default_profile_path()
     cost = CostModel.from_profile(
@@ -109,6 +147,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     }
     if spec.replicas > 1:
         summary["config"] |= {"replicas": spec.replicas, "router": spec.router}
+    if notes:
+        summary["notes"] = notes
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
              f"{instances} instance{'s' if instances > 1 else ''}"
              + (f" on each of {spec.replicas} replicas behind {spec.router}" if spec.replicas > 1 else "")

@@ -49,6 +49,8 @@ class RunSpec:
     """Output directory."""
     plot: bool = False
     """Write PNG plots into ``out``."""
+    overwrite: bool = False
+    """Replace an earlier run's files in a non-empty ``out`` (refused otherwise)."""
     replicas: int = 1
     """Replicas behind a router, each with its own policy and ``instances`` instances."""
     router: str = "round-robin"
@@ -129,8 +131,21 @@ def check_spec(spec: RunSpec) -> None:
 
 def policy_config(spec: RunSpec, inputs: RunInputs) -> dict:
     """The summary's ``config`` keys that describe the run the same way for both drivers."""
-    return {"trace": str(spec.trace), "policy": spec.policy, "params": _plain(inputs.params),
-            "instances": inputs.instances, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale}
+    config = {"trace": str(spec.trace), "policy": spec.policy, "params": _plain(inputs.params),
+              "instances": inputs.instances, "warmup_s": spec.warmup_s, "rate_scale": spec.rate_scale}
+    offset = getattr(inputs.trace, "meta", {}).get("arrival_offset_s")
+    if offset is not None:
+        config["arrival_offset_s"] = offset
+    return config
+
+
+def trace_notes(trace) -> list[str]:
+    """What the run did to the trace's times that its reader must know."""
+    offset = trace.meta.get("arrival_offset_s")
+    if offset is None:
+        return []
+    return [f"arrival times start at {offset:,.3f} s (clock time, such as Unix time); "
+            "times are measured from the first arrival"]
 
 
 def _plain(params: dict) -> dict:

@@ -291,6 +291,10 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
     if bad.size:
         raise InputError(f"{locate(int(bad[0]), 'arrival_s')}: {float(arr[bad[0]])!r} is negative; "
                          "arrival times are seconds from the start, >= 0")
+    bad = np.flatnonzero(arr >= MAX_ARRIVAL_S)
+    if bad.size:
+        raise InputError(f"{locate(int(bad[0]), 'arrival_s')}: {float(arr[bad[0]])!r} is too late; "
+                         f"times are held as int64 nanoseconds, so arrivals must be below {MAX_ARRIVAL_S:.0e} s")
     bad = np.flatnonzero(arr[1:] < arr[:-1])
     if bad.size:
         i = int(bad[0]) + 1
@@ -649,6 +653,24 @@ def save_trace(trace: Trace, path) -> Path:
 
 # -------------------------------------------------------------------------- helpers
 
+MAX_ARRIVAL_S = 9e9
+"""Latest arrival time a trace may hold: int64 nanoseconds end at about 9.22e9 s."""
+
+EPOCH_LIKE_S = 1e8
+"""A trace whose first arrival is this late (over three years) holds clock times, such as
+Unix time, rather than seconds from the start."""
+
+
+def from_first_arrival(trace: Trace) -> Trace:
+    """``trace`` with times measured from its first arrival when they look like clock times
+    (the first arrival at or after :data:`EPOCH_LIKE_S`); the shift is ``meta["arrival_offset_s"]``."""
+    if not len(trace) or trace.arrival_s[0] < EPOCH_LIKE_S:
+        return trace
+    offset = float(trace.arrival_s[0])
+    meta = dict(trace.meta) | {"arrival_offset_s": offset}
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s - offset, meta=meta)
+
+
 def scale_rate(trace: Trace, factor: float) -> Trace:
     """Replay at ``factor`` times the rate: arrival times divided by ``factor``."""
     factor = float(factor)
@@ -656,7 +678,11 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
         raise InputError(f"rate scale: {factor!r} must be a finite number > 0")
     meta = dict(trace.meta)
     meta["rate_scale"] = meta.get("rate_scale", 1.0) * factor
-    return dataclasses.replace(trace, arrival_s=trace.arrival_s / factor, meta=meta)
+    arrival_s = trace.arrival_s / factor
+    if len(arrival_s) and not arrival_s[-1] < MAX_ARRIVAL_S:
+        raise InputError(f"rate scale: {factor!r} puts the last arrival at {float(arrival_s[-1]):.3g} s, "
+                         f"past the {MAX_ARRIVAL_S:.0e} s that int64 nanoseconds hold")
+    return dataclasses.replace(trace, arrival_s=arrival_s, meta=meta)
 
 
 def head(trace: Trace, n: int) -> Trace:
