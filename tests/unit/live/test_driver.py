@@ -212,18 +212,20 @@ def test_a_policy_bug_is_raised_after_the_workers_stop():
 
 
 def test_lateness_and_dispatch_are_recorded_and_warmup_excluded():
-    arrivals = np.arange(0, 400, 4.0)
+    # Arrivals 20 ms apart: one wake-up each even when a loaded host wakes the timekeeper
+    # several milliseconds late (4 ms apart, two arrivals were sometimes due at one wake-up).
+    arrivals = np.arange(0, 1000, 20.0)
     req = requests_of(arrivals, seq_len=np.full(len(arrivals), 8))
-    live, extra = run_live(req, NoBatching(), factory(lambda b: 1.0), engine_warmup=0, warmup_s=0.2,
+    live, extra = run_live(req, NoBatching(), factory(lambda b: 1.0), engine_warmup=0, warmup_s=0.5,
                            wake_every_arrival=True)
     late = extra["issue_lateness_us"]
-    assert late["n"] == 50  # arrivals from 200 ms on
+    assert late["n"] == 25  # arrivals from 500 ms on
     assert 0 <= late["mean"] < 5000 and late["max"] >= late["p99"] >= late["p50"]
-    assert extra["dispatch_us"]["n"] == 50
+    assert extra["dispatch_us"]["n"] == 25
     host = extra["engine_host_ms"]
     assert 0.9 < host["p50"] < 3.0
     d = extra["batches"]
-    assert len(d["batch"]) == 100 and set(d["trigger"]) <= {"arrival", "completion", "timer"}
+    assert len(d["batch"]) == 50 and set(d["trigger"]) <= {"arrival", "completion", "timer"}
     assert np.all(np.asarray(d["issue_s"]) >= np.asarray(d["decide_s"]))
 
 
