@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,7 +69,25 @@ def _csv_cell(v) -> str:
     return str(v)
 
 
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def sorted_keys(value):
+    """``value`` with every dict's keys in order: names alphabetically, numbers (such as a batch
+    size histogram's ``"2"``, ``"10"``) by value, so ``json.dumps`` keeps that order."""
+    if isinstance(value, dict):
+        def key(k):
+            k = str(k)
+            if _NUMBER.fullmatch(k):
+                return (0, float(k), k)
+            return (1, 0.0, k)
+        return {k: sorted_keys(value[k]) for k in sorted(value, key=key)}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
-    """``obj`` as sorted, indented JSON, written atomically."""
+    """``obj`` as sorted (:func:`sorted_keys`), indented JSON, written atomically."""
     with replaced_atomically(path) as tmp:
-        tmp.write_text(json.dumps(json_safe(obj), indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(sorted_keys(json_safe(obj)), indent=2, default=str) + "\n")

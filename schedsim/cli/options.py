@@ -99,9 +99,9 @@ def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
 
 
 def print_json(summary: dict) -> None:
-    from schedsim.files import json_safe   # lazy: it imports numpy, which --help does not need
+    from schedsim.files import json_safe, sorted_keys   # lazy: it imports numpy, which --help does not need
 
-    print(json.dumps(json_safe(summary), indent=2, sort_keys=True))
+    print(json.dumps(sorted_keys(json_safe(summary)), indent=2))
 
 
 # --- LLM policies (continuous, paged-kv, static on token traces); vLLM's names -------------

@@ -23,6 +23,7 @@ def print_summary(outcome) -> None:
     rows = [
         ("completed", fmt("completed", digits=0)), ("rejected", fmt("rejected", digits=0)),
         ("throughput (req/s)", fmt("throughput_rps", digits=1)),
+        ("offered rate (req/s)", fmt("offered_rps", digits=1)),
         ("latency p50 (ms)", fmt("p50_ms")), ("latency p90 (ms)", fmt("p90_ms")),
         ("latency p95 (ms)", fmt("p95_ms")), ("latency p99 (ms)", fmt("p99_ms")),
         ("latency p99.9 (ms)", fmt("p999_ms")), ("latency mean (ms)", fmt("mean_ms")),
@@ -40,14 +41,46 @@ def print_summary(outcome) -> None:
     console.print(table)
     hist = s.get("batch_size_histogram") or {}
     if hist:
-        total = sum(hist.values())
-        top = sorted(hist.items(), key=lambda kv: -kv[1])[:8]
-        console.print("batch sizes (share of batches): " + ", ".join(
-            f"{size}: {count / total:.1%}" for size, count in sorted(top)))
+        console.print(batch_size_line(hist))
+    effective = s.get("config", {}).get("effective")
+    if effective:
+        console.print(settings_line(effective), highlight=False, soft_wrap=True)
+    for warning in s.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/bold yellow] {warning}", highlight=False, soft_wrap=True)
     for note in s.get("notes", []):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")
+
+
+SHOWN_SIZES = 12
+"""Batch sizes listed one by one; beyond this many the most common are listed and the rest summed."""
+
+
+def batch_size_line(hist: dict) -> str:
+    """Every batch size's share of batches, in size order; with more than :data:`SHOWN_SIZES`
+    sizes, the most common ones and the share of all the others, so no batch goes unsaid."""
+    counts = {int(k): int(v) for k, v in hist.items()}
+    total = sum(counts.values())
+    shown = sorted(counts, key=lambda k: (-counts[k], k))[:SHOWN_SIZES - 1] \
+        if len(counts) > SHOWN_SIZES else list(counts)
+    line = "batch sizes (share of batches): " + ", ".join(
+        f"{size}: {counts[size] / total:.1%}" for size in sorted(shown))
+    rest = [k for k in counts if k not in set(shown)]
+    if rest:
+        line += (f", {len(rest)} other sizes ({min(rest)}..{max(rest)}): "
+                 f"{sum(counts[k] for k in rest) / total:.1%}")
+    return line
+
+
+def settings_line(effective: dict) -> str:
+    """The settings the run used, defaults included, with the profile and its device."""
+    skip = {"policy", "instances", "profile", "device", "model"}
+    parts = [f"{k}={v}" for k, v in effective.items() if k not in skip]
+    n = effective.get("instances", 1)
+    where = f"profile {effective.get('profile')}" + (f" ({effective['device']})" if effective.get("device") else "")
+    return (f"settings: {effective.get('policy')}" + (f" ({', '.join(parts)})" if parts else "")
+            + f", {n} instance{'s' if n != 1 else ''}, {where}")
 
 
 def print_llm_summary(outcome) -> None:
@@ -73,6 +106,7 @@ def print_llm_summary(outcome) -> None:
         ("completed", fmt("completed", 0)), ("rejected (too long)", fmt("rejected_too_long", 0)),
         ("unfinished", fmt("unfinished", 0)),
         ("throughput (req/s)", fmt("throughput_rps", 2)),
+        ("offered rate (req/s)", fmt("offered_rps", 2)),
         ("output tokens/s", fmt("output_tokens_per_s", 0)),
         ("preemptions", fmt("preemptions", 0)),
         ("running requests max / mean", f"{fmt('max_running', 0)} / {fmt('mean_running', 1)}"),

@@ -59,6 +59,7 @@ def summarize(result: SimResult, warmup_s: float = 0.0) -> dict:
         for key in ("throughput_rps", "samples_per_s", *PERCENTILES, "mean_ms", "max_ms",
                     "mean_queue_ms"):
             out[key] = float("nan")
+    out["offered_rps"] = offered_rate(req.arrival_ns if everything else req.arrival_ns[keep])
     batches = result.batch_start_ns >= int(round(warmup_s * 1e9))
     sizes = result.batch_samples[batches]
     out["batches"] = int(batches.sum())
@@ -68,6 +69,51 @@ def summarize(result: SimResult, warmup_s: float = 0.0) -> dict:
     out["batch_size_histogram"] = {int(v): int(c) for v, c in zip(values, counts)}
     out["utilization"] = instance_utilization(result, warmup_s)
     return out
+
+
+def offered_rate(arrival_ns: np.ndarray) -> float:
+    """Requests per second the trace offers: arrivals over their span (NaN for fewer than two)."""
+    if arrival_ns.size < 2:
+        return float("nan")
+    span_ns = int(arrival_ns.max()) - int(arrival_ns.min())
+    # n arrivals span n - 1 gaps.
+    return float((arrival_ns.size - 1) / (span_ns / 1e9)) if span_ns > 0 else float("nan")
+
+
+OVERLOAD_SHORTFALL = 0.95
+"""Throughput below this fraction of the offered rate means the system fell behind."""
+
+
+def overload(summary: dict, result: SimResult, warmup_s: float = 0.0) -> str | None:
+    """A warning when the system could not keep up with the trace: throughput below
+    :data:`OVERLOAD_SHORTFALL` of the offered rate, with how the queue delay grew from the
+    first fifth of the measured requests to the last; None when it kept up."""
+    if not overloaded(summary):
+        return None
+    req = result.requests
+    keep = np.flatnonzero(measured_rows(result, warmup_s) & (result.start_ns >= 0))
+    grew = ""
+    if keep.size >= 10:
+        fifth = keep.size // 5
+        queue_ms = (result.start_ns[keep] - req.arrival_ns[keep]) / 1e6
+        grew = (f"; the queue grew through the trace (mean queue delay {queue_ms[:fifth].mean():,.3g} ms "
+                f"in the first fifth of requests, {queue_ms[-fifth:].mean():,.3g} ms in the last)")
+    return overload_warning(summary, grew)
+
+
+def overloaded(summary: dict) -> bool:
+    """Whether ``summary``'s throughput is below :data:`OVERLOAD_SHORTFALL` of its offered rate."""
+    offered, achieved = summary.get("offered_rps"), summary.get("throughput_rps")
+    if offered is None or achieved is None or not (np.isfinite(offered) and np.isfinite(achieved)):
+        return False
+    return achieved < OVERLOAD_SHORTFALL * offered
+
+
+def overload_warning(summary: dict, detail: str = "") -> str:
+    """The overload warning's words for ``summary``; ``detail`` (``"; ..."``) says more."""
+    return (f"overloaded: throughput {summary['throughput_rps']:,.1f} req/s is below the offered "
+            f"{summary['offered_rps']:,.1f} req/s{detail}; latencies grow with the trace's length "
+            "and say nothing about a steady state")
 
 
 def _ms(ns: np.ndarray) -> np.ndarray:

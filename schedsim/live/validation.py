@@ -62,20 +62,26 @@ def load_run_dir(path: Path, what: str, numbers: tuple[str, ...] = ("arrival_s",
     return summary, cols
 
 
-def _check_kind(path: Path, what: str, summary: dict) -> None:
-    """InputError when ``--sim`` names a live run's directory or ``--live`` a simulation's."""
+def is_simulation(path, summary: dict) -> bool:
+    """Whether ``path`` (with its ``summary``) is a schedsim run's output: no live.json, and a
+    config that records replications, which only schedsim run does."""
     config = summary.get("config", {}) if isinstance(summary, dict) else {}
-    live = config.get("driver") == "live" or (path / "live.json").is_file()
-    simulated = not live and "replications" in config  # only schedsim run records replications
+    return not _is_live(Path(path), summary) and "replications" in config
+
+
+def _is_live(path: Path, summary: dict) -> bool:
+    config = summary.get("config", {}) if isinstance(summary, dict) else {}
+    return config.get("driver") == "live" or (path / "live.json").is_file()
+
+
+def _check_kind(path: Path, what: str, summary: dict) -> None:
+    """InputError when ``--sim`` names a live run's directory, or either side a partial run."""
     if summary.get("partial"):
         raise InputError(f"{what} {path}: the live run is partial ({summary.get('partial_reason', 'stopped early')}); "
                          "validate needs a complete run")
-    if what == "--sim" and live:
+    if what == "--sim" and _is_live(path, summary):
         raise InputError(f"--sim {path}: a schedsim live output directory (it has live.json); "
                          "--sim takes the directory of a schedsim run")
-    if what == "--live" and simulated:
-        raise InputError(f"--live {path}: a schedsim run output directory (a simulation, no live.json); "
-                         "--live takes the directory of a schedsim live run")
 
 
 def check_same(sim: dict, live: dict, sim_cols: dict, live_cols: dict, sim_dir, live_dir) -> None:
@@ -121,9 +127,14 @@ def compare_runs(sim_dir, live_dirs: list, load, compare_fn, pool_fn) -> tuple:
     (``pool_fn``). Returns (sim, sim_cols, live, live_cols, report) with the last live run's
     summary and columns (the trace and settings are the same in all)."""
     sim, sim_cols = load(sim_dir, "--sim")
-    reports = []
+    reports, simulated = [], []
     for d in live_dirs:
         live, live_cols = load(d, "--live")
+        simulated.append(is_simulation(d, live))
+        if all(simulated) and len(simulated) == len(live_dirs):
+            # A prediction may stand beside live runs (pooling checks), never alone.
+            raise InputError(f"--live {live_dirs[0]}: a schedsim run output directory (a simulation, no "
+                             "live.json); --live takes the directory of a schedsim live run")
         check_same(sim, live, sim_cols, live_cols, sim_dir, d)
         reports.append(compare_fn(sim, live, sim_cols, live_cols))
     report = reports[0] if len(reports) == 1 else pool_fn(reports)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from schedsim.core.llm_metrics import summarize_llm
 from schedsim.core.llm_simulate import simulate_llm
-from schedsim.core.metrics import combine_replications
+from schedsim.core.metrics import combine_replications, offered_rate, overload_warning, overloaded
 from schedsim.core.policy import Requests
 from schedsim.cost.step_model import StepCostModel
 from schedsim.cost.step_profile import load_step_profile
@@ -82,10 +82,15 @@ def execute_llm(spec, options: LLMOptions, trace):
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
     notes = sorted({str(w.message) for w in caught})
+    for one in summaries:
+        arrival_ns = requests.arrival_ns
+        one["offered_rps"] = offered_rate(arrival_ns[arrival_ns >= int(round(spec.warmup_s * 1e9))])
     if len(summaries) == 1:
         summary = summaries[0]
     else:
         summary = combine_replications(summaries)
+    if overloaded(summary):
+        notes.append(overload_warning(summary))
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
     summary["config"] = policy_config(spec, RunInputs(trace, requests, policy, spec.params | options.params, 1)) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,

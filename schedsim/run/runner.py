@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
-from schedsim.core.metrics import combine_replications, summarize
+from schedsim.core.metrics import combine_replications, overload, summarize
 from schedsim.core.policy import Requests
 from schedsim.core.simulate import pair_grid_model, simulate
 from schedsim.cost.model import CostModel
@@ -144,11 +145,17 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         # Instances with a measured pair grid share the GPU by the batches' sizes.
         "pair_slowdown": str(grid_model.profile.path) if grid_model is not None else None,
         "power_cap": cost.power_cap.describe() if cost.power_cap is not None else None,
+        "effective": effective_settings(policy) | {
+            "instances": instances, "profile": Path(profile_path).name,
+            "device": cost.profile.meta.get("device"), "model": cost.profile.meta.get("model")},
     }
     if spec.replicas > 1:
         summary["config"] |= {"replicas": spec.replicas, "router": spec.router}
     if notes:
         summary["notes"] = notes
+    warning = overload(summary, results[0], spec.warmup_s)
+    if warning:
+        summary["warnings"] = [warning]
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "
              f"{instances} instance{'s' if instances > 1 else ''}"
              + (f" on each of {spec.replicas} replicas behind {spec.router}" if spec.replicas > 1 else "")
@@ -160,6 +167,25 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
                                         spec.warmup_s)
     return outcome
+
+
+def effective_settings(policy) -> dict:
+    """The settings ``policy`` runs with, defaults included: each constructor parameter the
+    object keeps under its own name (or, for ``*_us``, as ``*_ns``)."""
+    out = {"policy": getattr(policy, "name", type(policy).__name__)}
+    for name in inspect.signature(type(policy)).parameters:
+        if hasattr(policy, name):
+            value = getattr(policy, name)
+        elif name.endswith("_us") and hasattr(policy, name[:-3] + "_ns"):
+            ns = getattr(policy, name[:-3] + "_ns")
+            value = ns // 1000 if isinstance(ns, int) and ns % 1000 == 0 else ns / 1000
+        else:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        if value is None or isinstance(value, (bool, int, float, str, list)):
+            out[name] = value
+    return out
 
 
 def contention_models(spec: RunSpec, profile_path, cost) -> dict:
