@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from policies.llm_common import Progress, Waiting, check_token_columns, make_step, rejects
 from schedsim.errors import InputError
-from schedsim.core.llm_policy import LLMPolicy, Step
+from schedsim.core.llm_policy import LLMPolicy, Step, kv_budget
 
 RESERVATIONS = ("max", "pow2", "oracle")
 
@@ -38,8 +38,6 @@ class ReservingPolicy(LLMPolicy):
                  num_gpu_blocks: int | None = None, gpu_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, max_num_seqs: int = 256,
                  max_model_len: int | None = None):
-        from schedsim.cost.kv_budget import kv_budget
-
         if reservation not in RESERVATIONS:
             raise InputError(f"--reservation: {reservation!r} is not valid; expected max, pow2 or oracle")
         if int(max_num_seqs) < 1:

@@ -28,7 +28,7 @@ import numpy as np
 from policies.kv_cache import KVCacheManager
 from policies.llm_common import BlockKeys, Progress, Waiting, check_token_columns, make_step, rejects
 from schedsim.errors import InputError
-from schedsim.core.llm_policy import LLMPolicy, Step
+from schedsim.core.llm_policy import LLMPolicy, Step, kv_budget
 
 
 class PagedKV(LLMPolicy):
@@ -41,8 +41,6 @@ class PagedKV(LLMPolicy):
                  preemption_mode: str = "recompute", swap_space_gb: float = 4.0,
                  watermark: float | None = None, long_prefill_token_threshold: int = 0,
                  max_model_len: int | None = None):
-        from schedsim.cost.kv_budget import kv_budget
-
         if preemption_mode not in ("recompute", "swap"):
             raise InputError(f"--preemption-mode: {preemption_mode!r} is not valid; expected recompute or swap")
         for flag, value in (("--max-num-seqs", max_num_seqs),

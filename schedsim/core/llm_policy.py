@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schedsim.core.policy import Reject, Requests
+# Part of the interface: an LLM policy sizes its KV cache from a model spec and vLLM's memory
+# arguments with kv_budget, so policies/ imports only the policy interfaces.
+from schedsim.cost.kv_budget import KVBudget, kv_budget  # noqa: F401
 
 SMALL = 48
 """Below this many values, Python on ``tolist()`` beats numpy: a numpy call costs ~1 us
