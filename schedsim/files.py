@@ -21,10 +21,18 @@ def replaced_atomically(path: str | os.PathLike):
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would honour the umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    # Reading the umask means setting it; put it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_atomically(path: str | os.PathLike, write) -> Path:

@@ -17,10 +17,10 @@ from schedsim.run.spec import LLMOptions
 
 Policy = Annotated[str, typer.Option(
     help="none, static, dynamic, or a user's policy as module:Class or path/file.py:Class")]
-MaxBatchSize = Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch.")]
-PreferredBatchSize = Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32.")]
+MaxBatchSize = Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch (default 64).")]
+PreferredBatchSize = Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32 (default: the max batch size).")]
 MaxQueueDelayUs = Annotated[Optional[int], typer.Option(
-    help="dynamic: how long the oldest request may wait for a better batch.")]
+    help="dynamic: how long the oldest request may wait for a better batch (default 0).")]
 Prefetch = Annotated[Optional[bool], typer.Option("--prefetch/--no-prefetch", help=(
     "dynamic: form batches while instances are busy (Triton) or only when one is idle (default)."))]
 PriorityLevels = Annotated[Optional[int], typer.Option(help="dynamic: priority levels (1 is served first).")]
@@ -33,7 +33,7 @@ AllowTimeoutOverride = Annotated[Optional[bool], typer.Option(
     help="dynamic: a request's timeout_us replaces the default when shorter.")]
 PreserveOrdering = Annotated[Optional[bool], typer.Option(
     "--preserve-ordering/--no-preserve-ordering", help="dynamic: responses leave in dispatch order.")]
-BatchSize = Annotated[Optional[int], typer.Option(help="static: requests per batch.")]
+BatchSize = Annotated[Optional[int], typer.Option(help="static: requests per batch (default 8).")]
 MaxWaitUs = Annotated[Optional[int], typer.Option(
     help="static: send a partial batch once its oldest request waited this long.")]
 Param = Annotated[list[str], typer.Option(

@@ -98,3 +98,25 @@ def test_user_policy_integral_float_is_accepted():
     proc = schedsim("run", TRACE, "--policy", MY_POLICY, "--param", "batch_size=8",
                     "--param", "timeout_us=800.0", "--json")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_output_files_honour_the_umask(tmp_path):
+    out = tmp_path / "out"
+    proc = schedsim("run", TRACE, "--profile", PROFILE, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("requests.csv", "summary.json"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask():
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_run_help_shows_the_batcher_defaults():
+    proc = schedsim("run", "--help")
+    text = " ".join(proc.stdout.replace("\u2502", " ").split())  # rich's box edges
+    assert "(default 64)" in text and "(default 0)" in text
