@@ -429,6 +429,9 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 zero = _zero_delay(server, spec, rng, raw)
                 note(f"zero delay: queue {zero['queue_us_at_zero_delay']:.1f} us, request path "
                      f"{zero['request_path_us']:.1f} us per request")
+                if zero["request_path_us"] < 0:  # Triton's request time outlasted the client's latency
+                    warnings.append(f"request path measured negative ({zero['request_path_us']:.1f} us): Triton's "
+                                    "request time ended after the client had its answer; do not add it to predictions")
         except (KeyboardInterrupt, InputError) as exc:  # keep what was measured, marked partial
             error = exc
     if isinstance(error, InputError) and not results:
