@@ -1,4 +1,4 @@
-"""Are some of the device machine's CPUs slower than others? (device diagnostic)
+"""Are some of the GPU host's CPUs slower than others? (host diagnostic)
 
 The LLM drift diagnostic (experiments/fidelity-llm/diagnose_drift.py) found the host, not
 the GPU, switching between two speeds for seconds at a time: a fixed pure-Python loop took

@@ -17,7 +17,7 @@ A runner is a context manager that owns its buffers, streams and compiled artefa
     The staging array that ``infer`` reads, so a serving loop can assemble a batch in
     place; the profiler's dispatch-overhead loop uses it.
 ``last_gpu_ms``
-    Device time of the last ``infer`` from events around the engine launch; NaN when
+    GPU time of the last ``infer`` from events around the engine launch; NaN when
     the runner has no device clock (ONNX Runtime on the CPU).
 ``warnings``
     Messages worth keeping in the profile's sidecar (a CUDA-graph capture that fell back
