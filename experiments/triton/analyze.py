@@ -13,9 +13,15 @@ Compared:
 - client-side p50/p99 (latency from each request's scheduled time to its answer) against
   the simulator's percentiles plus the request path the profiler measured
   (``triton_terms.request_path_us``: the client's latency beyond Triton's own request time);
-- throughput.
+- server-side p50/p99/mean per request, where the grid traced requests
+  (``triton_server_side_*.jsonl``: Triton's REQUEST_START -> REQUEST_END of one request in
+  N, after the warm-up) against the simulator's percentiles: the issue's target figure;
+- throughput;
+- where the simulator reports a band (``p99_ms_lo``/``p99_ms_hi``), whether the live median
+  and each live run fall inside it.
 
-    python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] --out results/
+    python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] \
+        [--server-side S1.jsonl ...] --tag h200 --out results/
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path, required=True)
     ap.add_argument("--grid", type=Path, nargs="+", required=True)
+    ap.add_argument("--server-side", type=Path, nargs="*", default=[])
+    ap.add_argument("--tag", default="h200", help="results are written as fidelity_TAG.csv and its summary")
     ap.add_argument("--replications", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "triton" / "results")
     args = ap.parse_args(argv)
@@ -73,6 +81,11 @@ def main(argv=None) -> int:
         for line in g.read_text().splitlines():
             run = json.loads(line)
             cells[(run["config"], run["arrival"], run["load"])].append(run)
+    traced = defaultdict(list)
+    for g in args.server_side:
+        for line in g.read_text().splitlines():
+            r = json.loads(line)
+            traced[(r["config"], r["arrival"], r["load"])].append(r)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for (config, arrival, load), runs in sorted(cells.items()):
@@ -87,6 +100,11 @@ def main(argv=None) -> int:
             pred = {"p50_ms": sim["p50_ms"] + path_ms, "p99_ms": sim["p99_ms"] + path_ms,
                     "server_mean_ms": sim["mean_ms"], "throughput_rps": sim["throughput_rps"],
                     "mean_batch_size": sim["mean_batch_size"]}
+            side = traced.get((config, arrival, load), [])
+            if len(side) == len(runs):
+                for q in ("p50", "p99"):
+                    live[f"server_{q}_ms"] = [r[f"{q}_ms"] for r in side]
+                    pred[f"server_{q}_ms"] = sim[f"{q}_ms"]
             row = {"config": config, "arrival": arrival, "load": load, "runs": len(runs),
                    "rate_rps": round(runs[0]["rate_rps"], 1)}
             for k, values in live.items():
@@ -96,6 +114,11 @@ def main(argv=None) -> int:
                 row[f"live_{k}_max"] = round(float(np.max(values)), 4)
                 row[f"sim_{k}"] = round(float(pred[k]), 4)
                 row[f"err_{k}_pct"] = round(100 * (pred[k] - med) / med, 2)
+            if "p99_ms_lo" in sim and "server_p99_ms" in live:
+                lo, hi = sim["p99_ms_lo"], sim["p99_ms_hi"]
+                row["sim_server_p99_ms_lo"], row["sim_server_p99_ms_hi"] = round(lo, 4), round(hi, 4)
+                row["band_covers_median"] = bool(lo <= row["live_server_p99_ms"] <= hi)
+                row["band_covers_runs"] = sum(lo <= v <= hi for v in live["server_p99_ms"])
             rows.append(row)
             print(f"{config:22s} {arrival:8s} {load:.1f}: p99 live {row['live_p99_ms']:7.2f} "
                   f"[{row['live_p99_ms_min']:.2f}-{row['live_p99_ms_max']:.2f}] sim {row['sim_p99_ms']:7.2f} "
@@ -104,18 +127,23 @@ def main(argv=None) -> int:
                   f"thr {row['err_throughput_rps_pct']:+.2f}%", flush=True)
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "fidelity_h200.csv", index=False)
+    table.to_csv(args.out / f"fidelity_{args.tag}.csv", index=False)
     summary = {}
-    for k in ("p50_ms", "p99_ms", "server_mean_ms", "throughput_rps"):
+    for k in ("p50_ms", "p99_ms", "server_mean_ms", "server_p50_ms", "server_p99_ms", "throughput_rps"):
+        if f"err_{k}_pct" not in table:
+            continue
         e = table[f"err_{k}_pct"].abs()
         summary[k] = {"median_abs_err_pct": round(float(e.median()), 2), "worst_abs_err_pct": round(float(e.max()), 2)}
         for load in sorted(table.load.unique()):
             el = table[table.load == load][f"err_{k}_pct"].abs()
             summary[k][f"load_{load:g}"] = {"median": round(float(el.median()), 2), "worst": round(float(el.max()), 2)}
+    if "band_covers_median" in table:
+        summary["band"] = {"covers_live_median": f"{int(table.band_covers_median.sum())} of {len(table)}",
+                           "covers_live_runs": f"{int(table.band_covers_runs.sum())} of {int(table.runs.sum())}"}
     summary["cells"] = len(table)
     summary["profile"] = str(args.profile.name)
     summary["request_path_ms"] = path_ms
-    (args.out / "fidelity_h200_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / f"fidelity_{args.tag}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 

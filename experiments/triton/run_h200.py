@@ -93,7 +93,43 @@ def start_server(cfg: dict, work: Path, rep: int, cpu: bool) -> TritonServer:
                       kind=kind, max_batch_size=1, hidden=hidden, parameters=params)
     repo = work / f"{cfg['name']}-rep{rep}" / "repo"
     write_repository(repo, NAME, mc)
-    return TritonServer(repo, repo.parent / "tritonserver.log", find_tritonserver(), ready_timeout_s=240)
+    # Tracing off server-wide; each cell turns it on for its model at --trace-rate.
+    args = ("--trace-config", f"triton,file={repo.parent / 'trace.json'}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"rate={2**31 - 1}", "--trace-config", "triton,log-frequency=0")
+    return TritonServer(repo, repo.parent / "tritonserver.log", find_tritonserver(), args=args, ready_timeout_s=240)
+
+
+def server_side(trace_path: Path, windows: dict) -> dict:
+    """Per cell, Triton's own REQUEST_START -> REQUEST_END of the traced requests that started
+    inside the cell's measured window (after its warm-up): n, mean and percentiles in ms."""
+    try:
+        entries = json.loads(trace_path.read_text() or "[]")
+    except (OSError, ValueError):
+        return {}
+    stamps: dict = {}
+    for e in entries:
+        rec = stamps.setdefault(e.get("id"), {})
+        for t in e.get("timestamps", []):
+            rec.setdefault(t["name"], int(t["ns"]))
+    out = {}
+    for key, (lo, hi) in windows.items():
+        ms = np.array([(st["REQUEST_END"] - st["REQUEST_START"]) / 1e6 for st in stamps.values()
+                       if "REQUEST_START" in st and "REQUEST_END" in st and lo <= st["REQUEST_START"] <= hi])
+        if ms.size:
+            out[key] = {"n": int(ms.size), "mean_ms": float(ms.mean()),
+                        **{f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
+    return out
+
+
+def set_trace(url: str, rate: int | None) -> None:
+    import urllib.request
+
+    body = {"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate), "trace_count": "-1"} if rate else {
+        "trace_level": ["OFF"]}
+    req = urllib.request.Request(f"http://{url}/v2/models/{NAME}/trace/setting", method="POST",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
 
 
 def capacity_rps(url: str, requests: int, seq_len: int) -> float:
@@ -122,8 +158,14 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
                   instances=cfg["instances"], warmup_s=args.warmup_s, out=cell_dir / "live")
     processes = max(1, min(8, math.ceil(rate / 1000)))
     t = time.monotonic()
+    if args.trace_rate:
+        set_trace(url, args.trace_rate)
+    window_ns = time.monotonic_ns() + int(args.warmup_s * 1e9)
     _, summary, _ = execute_live_triton(TritonLiveSpec(run=run, url=url, model_name=NAME, processes=processes,
                                                        seq_len=seq_len))
+    window = (window_ns, time.monotonic_ns())
+    if args.trace_rate:
+        set_trace(url, None)
     stats = json.loads((cell_dir / "live" / "triton_stats.json").read_text())
     keep = ("requests", "completed", "failed", "rejected", "unfinished", "throughput_rps", "p50_ms", "p90_ms",
             "p99_ms", "mean_ms", "max_ms", "mean_queue_ms", "mean_batch_size", "batch_size_histogram",
@@ -133,7 +175,7 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
             "rate_rps": rate, "seed": seed, "duration_s": duration, "requests_in_trace": len(trace),
             "client_processes": processes, "wall_s": round(time.monotonic() - t, 2),
             "summary": {k: summary.get(k) for k in keep}, "live": summary["live"],
-            "triton_delta": stats["delta"]}
+            "triton_delta": stats["delta"], "trace_window_ns": window, "trace_rate": args.trace_rate}
 
 
 def main(argv=None) -> int:
@@ -149,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-duration-s", type=float, default=8.0)
     ap.add_argument("--warmup-s", type=float, default=0.5)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start nothing after this much wall time")
+    ap.add_argument("--trace-rate", type=int, default=8,
+                    help="trace one request in N of each cell (server-side percentiles); 0: off")
     ap.add_argument("--cpu", action="store_true", help="bert-tiny in numpy on KIND_CPU: check the script off the GPU")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -179,6 +223,8 @@ def main(argv=None) -> int:
             todo = [(a, lo) for a in arrivals for lo in loads if (cfg["name"], a, lo, rep) not in done]
             if not todo or over():
                 continue
+            cell_windows: dict = {}
+            server = None
             try:
                 with start_server(cfg, work, rep, args.cpu) as server:
                     info["servers"].append({"config": cfg["name"], "rep": rep, "ready_s": server.started_s})
@@ -192,6 +238,7 @@ def main(argv=None) -> int:
                             break
                         row = run_cell(cfg, server.url, arrival, load, info["capacities"][cfg["name"]], rep, args,
                                        work)
+                        cell_windows[(cfg["name"], arrival, load, rep)] = row["trace_window_ns"]
                         with open(results, "a") as f:
                             f.write(json.dumps(json_safe(row)) + "\n")
                         s = row["summary"]
@@ -202,6 +249,12 @@ def main(argv=None) -> int:
             except (InputError, RuntimeError) as exc:
                 info["failures"].append({"config": cfg["name"], "rep": rep, "error": str(exc)})
                 print(f"{cfg['name']} rep{rep}: FAILED: {exc}", flush=True)
+            if server is not None and cell_windows:  # the server has stopped: its trace file is complete
+                traced = server_side(server.repository.parent / "trace.json", cell_windows)
+                with open(args.out / f"triton_server_side_{tag}.jsonl", "a") as f:
+                    for (name, arrival, load, r), figures in traced.items():
+                        f.write(json.dumps({"config": name, "arrival": arrival, "load": load, "rep": r,
+                                            "trace_rate": args.trace_rate, **figures}) + "\n")
             info_path.write_text(json.dumps(json_safe(info), indent=1) + "\n")
     info["wall_s"] = round(time.monotonic() - t_start, 1)
     info_path.write_text(json.dumps(json_safe(info), indent=1) + "\n")

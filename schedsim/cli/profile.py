@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schedsim.cli.options import Cpu
+from schedsim.cli.options import Cpu, int_list
 from schedsim.errors import InputError
 from schedsim.profiling.host import pin_cpu
 
@@ -100,7 +100,7 @@ def profile(
     dispatch_iters: Annotated[int, typer.Option(help="Batches in the dispatch-overhead loop (0 skips it).")] = 300,
     power_cap_s: Annotated[float, typer.Option(help="Seconds per phase of the power-cap measurement: how a batch slows after heavy ones on a power-capped GPU (7 phases; 0 skips it; try 2 on a GPU).")] = 0.0,
     pair_s: Annotated[float, typer.Option(help="With --instances 2: seconds per pair of batch sizes in the pair-slowdown grid, how much a batch slows beside the other instance's batch of another size (0 skips it; try 0.3 on a GPU).")] = 0.0,
-    pair_batches: Annotated[Optional[str], typer.Option(help="Batch sizes of the pair grid (default: the powers of two measured, and the largest).")] = None,
+    pair_batches: Annotated[Optional[str], typer.Option(help="Batch sizes of the pair grid (default: the powers of two measured, and the largest; triton: 1, 8, 32 and the largest on cuda, none on cpu; 'none' skips).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
     cpu: Cpu = None,
     triton_batches: Annotated[int, typer.Option(help="triton: measured executions per batch size.")] = 200,
@@ -109,6 +109,7 @@ def profile(
     triton_trace: Annotated[bool, typer.Option("--triton-trace/--no-triton-trace", help="triton: per-batch samples from Triton's trace (one request in b).")] = True,
     triton_zero_delay_requests: Annotated[int, typer.Option(help="triton: sequential single requests for the zero-delay queue and request-path terms (0 skips).")] = 200,
     triton_protocol: Annotated[str, typer.Option(help="triton: how the clients reach the server, http or grpc; http (the default) sends the same requests as schedsim live --backend triton (aiohttp, binary output).")] = "http",
+    triton_wake_requests: Annotated[int, typer.Option(help="triton: lone requests per pause for the wake curve (what idling costs an instance; 0 skips).")] = 30,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
 ):
     """Measure a model on a backend into a cost table (CSV + JSON sidecar + raw samples)."""
@@ -127,7 +128,9 @@ def profile(
             model=model, batch_sizes=parse_sizes(batch_sizes, "--batch-sizes"), seq_len=seqs[0], device=device,
             precision=None if precision == "fp32" and device != "cuda" else precision, cuda_graphs=cuda_graphs,
             batches=triton_batches, warmup_batches=triton_warmup_batches, depth=triton_depth, trace=triton_trace,
-            zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed)
+            zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed,
+            wake_requests=triton_wake_requests,
+            pair_sizes=int_list(pair_batches, "--pair-batches"))
         outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
         for w in outcome.warnings:
             _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)

@@ -45,6 +45,13 @@ Named terms in the sidecar, and what the simulator does with them
   beyond Triton's own request time (the frontend, network stack and client), which the
   simulator's server-side latency does not include.
 
+- ``wake_curve``: the extra time of a lone request by how long its instance sat idle, from
+  traced lone requests after pauses (:mod:`schedsim.triton.wake_profile`); the simulator
+  adds a draw from it to every batch launched on an idle instance;
+- ``pair_slowdown``: two instances on one GPU, each size beside each other size
+  (:mod:`schedsim.triton.pair_profile`); the simulator's ``--instances 2`` shares the GPU
+  by it.
+
 Everything measured stays in ``OUT.triton/``: the model repository, the server's log, the
 trace file and the statistics snapshots.
 """
@@ -63,6 +70,8 @@ from pathlib import Path
 import numpy as np
 
 from schedsim.errors import InputError
+from schedsim.triton import wake_profile
+from schedsim.triton.pair_profile import default_pair_sizes, measure_pair_grid, twin_name
 
 QUEUE_DELAY_US = 1_000_000
 """Delay of the per-size models: long enough that only a full batch ever leaves."""
@@ -100,6 +109,11 @@ class TritonProfileSpec:
     """Sample per-batch times from Triton's trace (one request in b); off: means only."""
     zero_delay_requests: int = 200
     """Sequential single requests for the zero-delay terms (0 skips them)."""
+    wake_requests: int = 30
+    """Lone requests per pause for the wake curve (:mod:`schedsim.triton.wake_profile`; 0 skips it)."""
+    pair_sizes: tuple | None = None
+    """Sizes of the two-instance pair grid (:mod:`schedsim.triton.pair_profile`); None = 1, 8, 32 and
+    the largest on cuda, none on cpu; () skips it."""
     seed: int = 0
     """Seed of the model weights and the token ids."""
     ready_timeout_s: float = 300.0
@@ -119,13 +133,29 @@ class TritonProfileSpec:
             raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InputError(f"--batch-sizes: {self.batch_sizes} must be integers >= 1")
+        if any(b not in self.batch_sizes for b in self.pairs()):
+            raise InputError(f"--pair-batches: {list(self.pairs())} must be among --batch-sizes {list(self.batch_sizes)}")
+        if self.wake_requests and 1 not in self.batch_sizes:
+            raise InputError("--triton-wake-requests: the wake curve is measured against batch 1: add 1 to "
+                             "--batch-sizes, or pass --triton-wake-requests 0")
         if not 1 <= self.seq_len <= 512:
             raise InputError(f"--seq-lens: {self.seq_len} is not valid; --backend triton takes one seq_len in 1..512")
         for flag, v, lo in (("--triton-batches", self.batches, 2), ("--triton-depth", self.depth, 1),
                             ("--triton-warmup-batches", self.warmup_batches, 0),
-                            ("--triton-zero-delay-requests", self.zero_delay_requests, 0)):
+                            ("--triton-zero-delay-requests", self.zero_delay_requests, 0),
+                            ("--triton-wake-requests", self.wake_requests, 0)):
             if v < lo:
                 raise InputError(f"{flag}: {v} is not valid; expected an integer >= {lo}")
+
+
+    def pairs(self) -> tuple:
+        """The pair grid's sizes (empty: no pair grid)."""
+        if self.pair_sizes is not None:
+            return tuple(sorted(set(self.pair_sizes)))
+        return default_pair_sizes(self.batch_sizes) if self.device == "cuda" else ()
+
+    def wake_on(self) -> bool:
+        return bool(self.wake_requests and self.zero_delay_requests and self.trace)
 
 
 @dataclass
@@ -190,6 +220,10 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
         cfg = model_config(model_name(b), policy="dynamic", kind=kind, hidden=hidden, parameters=params,
                            params={"max_batch_size": b, "max_queue_delay_us": QUEUE_DELAY_US})
         write_repository(repo, model_name(b), cfg)
+    for b in spec.pairs():  # the diagonal's second side
+        cfg = model_config(twin_name(b), policy="dynamic", kind=kind, hidden=hidden, parameters=params,
+                           params={"max_batch_size": b, "max_queue_delay_us": QUEUE_DELAY_US})
+        write_repository(repo, twin_name(b), cfg)
     if spec.zero_delay_requests:
         cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params,
                            params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
@@ -319,6 +353,11 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
                       window_ns=(int(sent.min()), int(done.max())))
 
 
+def drive_pair(server, spec: TritonProfileSpec, model: str, clients: int, requests: int, seed: int) -> None:
+    """One side of a pair: ``model`` closed loop (its own generator: the sides run in threads)."""
+    drive_closed_loop(server, spec, model, clients, requests, np.random.default_rng(seed))
+
+
 def _plain(stats) -> dict:
     return {"name": stats.name, "version": stats.version, "inference_count": stats.inference_count,
             "execution_count": stats.execution_count,
@@ -411,6 +450,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
     rng = np.random.default_rng(spec.seed)
     results: dict = {}
     zero: dict | None = None
+    gaps = pairs = None
     warnings: list = []
     error: BaseException | None = None
     server = TritonServer(repo, raw / "tritonserver.log", find_tritonserver(), args=args, env=env,
@@ -432,6 +472,19 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 if zero["request_path_us"] < 0:  # Triton's request time outlasted the client's latency
                     warnings.append(f"request path measured negative ({zero['request_path_us']:.1f} us): Triton's "
                                     "request time ended after the client had its answer; do not add it to predictions")
+            if spec.wake_on():
+                gaps = wake_profile.gap_schedule(spec.wake_requests, rng)
+                note(f"wake curve: {gaps.size} lone requests after pauses of "
+                     f"{', '.join(f'{g:g}' for g in wake_profile.GAPS_MS)} ms ...")
+                _trace_setting(server.url, ZERO_DELAY_MODEL, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                                                              "trace_count": "-1"})
+                wake_profile.send_gapped(server.url, server.grpc_url, spec.protocol, ZERO_DELAY_MODEL, spec.seq_len,
+                                         gaps, seed=int(rng.integers(2**31)))
+                _trace_setting(server.url, ZERO_DELAY_MODEL, {"trace_level": ["OFF"]})
+            if spec.pairs():
+                note(f"pair grid over sizes {list(spec.pairs())} (two instances on one device) ...")
+                pairs = measure_pair_grid(server, spec, results, spec.pairs(), lambda *a: drive_pair(server, spec, *a),
+                                          model_name, note=note)
         except (KeyboardInterrupt, InputError) as exc:  # keep what was measured, marked partial
             error = exc
     if isinstance(error, InputError) and not results:
@@ -473,6 +526,15 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         warnings.append(f"per-batch samples for {len(raw_samples)} of {len(rows)} sizes only; the samples file is left out")
         raw_samples = {}
     a, c, fit = _overhead_fit(results)
+    wake = None
+    if gaps is not None and error is None:
+        try:
+            from schedsim.triton.live import read_trace_file
+
+            wake = wake_profile.wake_curve_from_trace(read_trace_file(trace_path), gaps,
+                                                      wake_profile.busy_batch1_us(results, a))
+        except InputError as exc:
+            warnings.append(f"no wake curve: {exc}")
     complete = error is None and len(results) == len(spec.batch_sizes)
     if not complete:
         why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped by an error: {error}"
@@ -512,6 +574,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                      "minus Triton's compute per batch, fitted as a + c (b - 1); the cost model adds it to every "
                      "batch"), **fit},
         "triton_terms": zero,
+        **({"wake_curve": wake} if wake else {}),
+        **({"pair_slowdown": pairs} if pairs else {}),
         "triton_terms_use": ("recorded, not added by the simulator: queue_us_at_zero_delay is what the batcher "
                              "adds before an idle instance starts a batch at delay 0; request_path_us is the client's "
                              "latency beyond Triton's request time (compare client-side latency with the simulator's "

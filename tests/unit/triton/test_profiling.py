@@ -33,7 +33,8 @@ def test_bert_tiny_through_a_cpu_server_gives_a_table_the_simulator_runs_on(tmp_
     # HTTP, Triton's request time can end after the client has its answer (a warning then).
     proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,2,4",
                     "--seq-lens", "16", "--triton-batches", "20", "--triton-warmup-batches", "4",
-                    "--triton-zero-delay-requests", "20", "--triton-protocol", "grpc", "--out", out)
+                    "--triton-zero-delay-requests", "20", "--triton-protocol", "grpc",
+                    "--triton-wake-requests", "5", "--pair-batches", "1,4", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out} (3 batch sizes through Triton)" in proc.stdout
     prof = load_profile(out)
@@ -57,7 +58,17 @@ def test_bert_tiny_through_a_cpu_server_gives_a_table_the_simulator_runs_on(tmp_
     assert (raw / "tritonserver.log").is_file() and (raw / "trace.json").is_file()
     assert json.loads((raw / "stats_profile_b2.json").read_text())["after"]["name"] == "profile_b2"
 
+    # What idling costs: one point per pause, idle times rising, extras drawn from quantiles.
+    wake = meta["wake_curve"]
+    assert 3 <= len(wake["idle_us"]) <= 9 and sum(wake["n"]) >= 27
+    assert all(b > a for a, b in zip(wake["idle_us"], wake["idle_us"][1:]))
+    # Two instances: each size beside each other, both directions from one stretch.
+    pairs = meta["pair_slowdown"]
+    assert pairs["batch"] == [1, 4] and len(pairs["runs"]) == 3
+    assert all(0.3 < v < 20 for row in pairs["slowdown"] for v in row)
+
     cost = CostModel.from_profile(prof)
+    assert cost.wake_curve is not None and cost.wake_curve.random and cost.pair_slowdown is not None
     assert cost.spread == "empirical"
     assert cost.mean_s(2, 16) == pytest.approx(mean[1] / 1e3 + cost.dispatch_s(2))
 
@@ -69,6 +80,10 @@ def test_bert_tiny_through_a_cpu_server_gives_a_table_the_simulator_runs_on(tmp_
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed"] == 300 and summary["p99_ms"] > 0
+    proc = schedsim("run", trace, "--profile", out, "--max-batch-size", "4", "--instances", "2", "--out", run,
+                    "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run / "summary.json").read_text())["completed"] == 300
 
 
 def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
