@@ -32,6 +32,14 @@ class NoBatching(Policy):
         self._head += take
         return Decision(launches, wake_on_arrival=len(idle) > take)
 
+    def queue_rule(self):
+        return _one_request
+
+
+def _one_request(now_ns: int, head: int, tail: int) -> tuple[int, int, int]:
+    """NoBatching's decision on one idle instance (Policy.queue_rule)."""
+    return (1 if tail > head else 0), NEVER, 1
+
 
 class StaticBatching(Policy):
     """Fixed batches of ``batch_size`` requests.
@@ -92,3 +100,19 @@ class StaticBatching(Policy):
         # With a max wait, the next arrival may start the head's clock; else only a full batch matters.
         need = max(self.batch_size - queued, 1) if queued or not self.max_wait_ns else 1
         return Decision(launches, wake_at_ns=wake, wake_on_arrival=bool(idle), arrivals_needed=need)
+
+    def queue_rule(self):
+        """``decide`` on one idle instance as a function of the queue [head, tail)."""
+        size, max_wait, n, arrival = self.batch_size, self.max_wait_ns, len(self.requests), self.requests.arrival_ns
+
+        def rule(now_ns: int, head: int, tail: int) -> tuple[int, int, int]:
+            queued = tail - head
+            if queued:
+                if queued >= size or tail == n or (max_wait and now_ns - arrival.item(head) >= max_wait):
+                    return min(size, queued), NEVER, 1
+                if max_wait:
+                    wake = arrival.item(head) + max_wait
+                    return 0, (wake if wake > now_ns else NEVER), max(size - queued, 1)
+                return 0, NEVER, max(size - queued, 1)
+            return 0, NEVER, 1 if max_wait else size  # with a max wait, the next arrival starts a clock
+        return rule

@@ -265,6 +265,29 @@ class DynamicBatcher(Policy):
         self._head = head
         return Decision(launches, [], wake, bool(idle), need)
 
+    def queue_rule(self):
+        """``_decide_fast`` on one idle instance as a function of the queue [head, tail)."""
+        if not self._fast:
+            return None
+        preferred, delay, most = self._preferred_list, self.max_queue_delay_ns, self.max_batch_size
+        max_preferred, arrival = self._max_preferred, self._arrival_ns
+
+        def rule(now_ns: int, head: int, tail: int) -> tuple[int, int, int]:
+            queued = tail - head
+            if queued <= 0:
+                return 0, NEVER, 1
+            send_now = queued > most
+            walked = most if send_now else queued
+            i = bisect_right(preferred, walked)
+            oldest = arrival.item(head)
+            expired = delay > 0 and now_ns - oldest >= delay
+            if i and not expired:
+                return preferred[i - 1], NEVER, 1                         # rule 1
+            if send_now or walked >= max_preferred or expired or delay == 0:
+                return walked, NEVER, 1                                   # rules 2 and 3
+            return 0, oldest + delay, preferred[i] - walked               # rule 4
+        return rule
+
     # --- forming a batch ------------------------------------------------------------------
 
     def _form(self, now_ns: int, payload: int, payload_seq: int = 0) -> tuple[int, int, bool]:

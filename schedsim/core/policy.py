@@ -21,6 +21,13 @@ Hooks, called by a driver in this order at each instant:
 ``decide(now_ns, idle) -> Decision``
     ``idle`` lists the idle instances, lowest first. Launch only on those.
 
+Optional, for speed: ``queue_rule()``, called after ``reset``, may return a function
+``rule(now_ns, head, tail) -> (take, wake_at_ns, arrivals_needed)`` when the policy's
+queue is the consecutive rows ``[head, tail)`` and, on one idle instance, it launches
+rows ``[head, head + take)`` (take 0: none) and otherwise waits as ``decide`` would;
+``tail == len(requests)`` means the trace has ended. A driver of one instance may then
+call the rule in place of the hooks above, keeping head and tail itself.
+
 Declared in :class:`Policy` with defaults, and read by the drivers: ``preserve_ordering``
 (responses leave in dispatch order) and ``max_batch_samples()`` (for checking the profile).
 
@@ -152,4 +159,8 @@ class Policy:
 
     def max_batch_samples(self) -> int | None:
         """Largest batch (in samples) this policy may launch, for checking the profile covers it."""
+        return None
+
+    def queue_rule(self):
+        """The decision as a function of the queue's rows alone, or None (see the module docstring)."""
         return None

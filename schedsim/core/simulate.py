@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import types
+from array import array
 from bisect import bisect_right
 
 import numpy as np
@@ -91,9 +92,10 @@ class _Driver:
         # per-request columns are filled from the batch log at the end (_result).
         self.done_ns = None
         self.status = np.zeros(n, dtype=np.int8)
-        # (start_ns, end_ns, instance, samples, requests, first row); a batch whose rows are
-        # not a range has first row -1 and its rows, in order, in array_rows.
-        self.batches: list[tuple] = []
+        # Six int64 per batch, preallocated in blocks (48 B a batch, no objects): start_ns, end_ns,
+        # instance, samples, requests, first row; a batch whose rows are not a range has first
+        # row -1 and its rows, in order, in array_rows.
+        self.log = array("q")
         self.array_rows: list[np.ndarray] = []
         self.idle = list(range(instances))
         # With one draw per batch the draws may come from blocks; a contention model, chosen
@@ -139,6 +141,10 @@ class _Driver:
 
     def run(self) -> SimResult:
         self.policy.reset(self.req, self.instances)
+        rule = self._queue_rule()
+        if rule is not None:
+            self._run_queue_rule(rule)
+            return self._result()
         if self.n:
             self._wake_at_arrival(0)
         else:
@@ -147,6 +153,75 @@ class _Driver:
             self._run_inline()
         self.env.run()
         return self._result()
+
+    def _queue_rule(self):
+        """The policy's queue rule (Policy.queue_rule) when this run can use it: one instance on
+        a loop of its own, nothing recorded, no on_batch_done hook."""
+        if self.instances != 1 or not self.runs_inline or not self.n or self.decisions is not None \
+                or self.tells_batch_done:
+            return None
+        return self.policy.queue_rule()
+
+    def _run_queue_rule(self, rule) -> None:
+        """The run of one instance whose policy decides by a queue rule, without events.
+
+        With one instance the general path decides at three kinds of instants: a batch's end,
+        the policy's timer and the arrival it waits for (``arrivals_needed``). Its other
+        wake-ups (stale timers, arrivals that a launch made moot) change no answer, which is
+        the contract of ``wake_at_ns`` and ``arrivals_needed``. So the loop below is: decide
+        at ``now`` on the rows arrived by then; a launch moves ``now`` to its end, a wait to
+        the earlier of the timer and that arrival. Launch times, draws and the batch log are
+        those of the general path, bit for bit (tests/unit/core/test_fast_paths.py).
+        """
+        n, arrival = self.n, self.arrival_ns
+        cost, draw, sample_s = self.cost, self.uniforms, self.cost.sample_s
+        clock, wake_ns, wake_draw = self.gpu_clock, self.wake_ns, self.wake_draws.random
+        one_sample, fixed_seq, seq_col = self.one_sample_each, self.one_seq_len, self.req.seq_len
+        extend = self.log.extend
+        head = tail = 0
+        freed = -1                  # when the instance last finished a batch (see freed_at)
+        window, w0 = [], 0          # arrival times of rows [w0, ...) as Python ints (see _deliver)
+        now = next_arrival = arrival.item(0)
+        while True:
+            if next_arrival <= now:
+                if window and window[-1] > now:
+                    tail = bisect_right(window, now, tail - w0) + w0
+                else:
+                    tail = int(arrival.searchsorted(now, side="right"))
+                    window, w0 = arrival[tail:tail + _WINDOW].tolist(), tail
+                next_arrival = window[tail - w0] if tail < n else NEVER
+            take, wake, need = rule(now, head, tail)
+            if take:
+                first, head = head, head + take
+                if take < 0 or head > tail:
+                    self._broken(f"launched rows {range(first, head)}, which are not all queued")
+                samples = take if one_sample else int(self.cum_samples[head] - self.cum_samples[first])
+                seq_len = fixed_seq if fixed_seq is not None else int(seq_col[first:head].max())
+                service_s = sample_s(samples, seq_len, draw)
+                if clock is not None:
+                    factor = clock.launch(now, samples)
+                    if factor != 1.0:
+                        dispatch_s = cost.dispatch_s(samples)
+                        service_s = dispatch_s + (service_s - dispatch_s) * factor
+                service_ns = int(round(service_s * 1e9))
+                if freed != now:
+                    service_ns += wake_ns(now - freed, wake_draw())
+                end = now + service_ns
+                if clock is not None:
+                    clock.ran(end)
+                extend((now, end, 0, samples, take, first))
+                freed = now = end
+                continue
+            if wake <= now:
+                self._broken(f"asked to wake at {wake} ns, not after now ({now} ns)")
+            if tail < n:
+                at = arrival.item(min(tail + max(need, 1) - 1, n - 1))
+                if at < wake:
+                    wake = at
+            if wake == NEVER:
+                self.delivered = tail
+                return
+            now = wake
 
     # --- events ----------------------------------------------------------------------------
 
@@ -339,10 +414,11 @@ class _Driver:
             self.gpu_clock.ran(now + service_ns)
         if shared is not None:
             # Its time alone; _retime schedules its end once the decision's launches are known.
-            shared.start(instance, now, service_ns, samples, (rows, len(self.batches)))
+            shared.start(instance, now, service_ns, samples, (rows, len(self.log) // 6))
         else:
             self.launched.append((service_ns, instance, rows))
-        self.batches.append((now, now + service_ns, instance, samples, count, first))
+        self.log.extend((now, now + service_ns, instance, samples, count, first))
+        self.last_count = count
         if self.decisions is not None:
             self.decisions.append((now, "launch", instance, tuple(int(r) for r in rows)))
 
@@ -359,8 +435,7 @@ class _Driver:
             return  # re-timed since: a later completion event stands for this batch
         now = event.at
         rows, index = self.shared.finish(instance, now)
-        start, _, *rest = self.batches[index]
-        self.batches[index] = (start, now, *rest)
+        self.log[6 * index + 1] = now
         self._retime(now)  # the other instance's batch now runs alone
         self.inline_next = (instance, rows, now)
         self._run_inline()
@@ -383,8 +458,7 @@ class _Driver:
             self.decisions.append((now, reject.reason, -1, tuple(int(r) for r in rows)))
 
     def _result(self) -> SimResult:
-        flat = itertools.chain.from_iterable(self.batches)  # faster than np.array of tuples
-        b = np.fromiter(flat, np.int64, 6 * len(self.batches)).reshape(-1, 6)
+        b = np.frombuffer(self.log, np.int64).reshape(-1, 6) if self.log else np.empty((0, 6), np.int64)
         counts = b[:, 4]
         if self._ran_every_row_in_order(b):
             # Batch k ran rows [c_k, c_k + counts[k]): each column repeats the batch log.

@@ -114,7 +114,7 @@ class _Replica(_Driver):
 
     def _launch(self, now: int, launch) -> None:
         super()._launch(now, launch)
-        count = int(self.batches[-1][4])
+        count = self.last_count
         self.started += count
         self.running_since[launch.instance] = now
         self.fleet.on_start(now, self.index, count)

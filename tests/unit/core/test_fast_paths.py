@@ -1,5 +1,6 @@
 """The request-level run's shortcuts change no result.
 
+- one instance whose policy has a queue rule runs without events or Decision objects;
 - the driver completes a batch due before every other event inline, without an event;
 - service-time uniforms come from blocks drawn ahead, the same numbers as single draws;
 - the per-request columns come from the batch log (a repeat when batches tile the rows);
@@ -90,6 +91,41 @@ def test_inline_completions_and_block_uniforms_give_the_same_run(cost, scenario)
         assert a.dtype == b.dtype and np.array_equal(a, b), name
 
 
+def without_rule(policy):
+    """``policy`` with no queue rule: the driver takes the general path of events and decisions."""
+    policy.queue_rule = lambda: None
+    return policy
+
+
+@PROPS
+@given(scenarios(), st.sampled_from([0, 1, 1000, 7]))
+def test_queue_rules_give_the_general_run(cost, scenario, seq_seed):
+    """The one-instance loop on a policy's queue rule (Policy.queue_rule) against the event
+    loop and ``decide``: the same result, column for column and bit for bit."""
+    req, make, instances, seed = scenario
+    fast_driver = _Driver(req, make(), cost, 1, seed + seq_seed, False)
+    fast = fast_driver.run()
+    plain = _Driver(req, without_rule(make()), cost, 1, seed + seq_seed, False).run()
+    for name in COLUMNS:
+        a, b = getattr(fast, name), getattr(plain, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    # Several instances always take the general path.
+    assert _Driver(req, make(), cost, 2, seed, False)._queue_rule() is None
+    assert len(req) == 0 or fast_driver.delivered == len(req)
+
+
+@pytest.mark.parametrize("make", [lambda: DynamicBatcher(max_batch_size=8, max_queue_delay_us=300),
+                                  lambda: DynamicBatcher(max_batch_size=8, preferred_batch_sizes=(2, 4)),
+                                  lambda: StaticBatching(4), lambda: StaticBatching(4, 500), NoBatching])
+def test_queue_rules_are_used_on_one_instance(cost, make):
+    req = Requests.from_trace(Trace.from_arrivals(np.cumsum(np.full(300, 1e-4)), seq_len=[128] * 300))
+    for record in (False, True):
+        driver = _Driver(req, make(), cost, 1, 0, record)
+        driver.policy.reset(req, 1)
+        # Recording decisions takes the general path.
+        assert (driver._queue_rule() is None) == record
+
+
 def test_uniform_blocks_are_the_single_draws():
     single = np.random.default_rng(7)
     blocks = _uniforms(np.random.default_rng(7), block=5)
@@ -100,8 +136,8 @@ def test_tiled_batches_give_the_scattered_columns(cost):
     req = Requests.from_trace(Trace.from_arrivals(np.cumsum(np.full(500, 2e-4)), seq_len=[128] * 500))
     driver = _Driver(req, DynamicBatcher(max_batch_size=8, max_queue_delay_us=300), cost, 2, 0, False)
     tiled = driver.run()
-    assert not driver.array_rows and len(driver.batches) > 50  # every batch a range: the repeat path
-    log = np.array(driver.batches, dtype=np.int64)
+    log = np.frombuffer(driver.log, np.int64).reshape(-1, 6)
+    assert not driver.array_rows and len(log) > 50  # every batch a range: the repeat path
     driver.status[:] = 0  # as before _result
     start_ns, batch_size, instance = driver._scatter(log)  # the general path, on the same log
     assert np.array_equal(start_ns, tiled.start_ns) and np.array_equal(driver.done_ns, tiled.end_ns)
