@@ -65,9 +65,14 @@ Public interface of :class:`KVCacheManager`:
 - ``state()``: a hashable snapshot of everything, for tests (determinism, no side effects).
 - ``check()``: full invariant check, O(blocks); for tests and debugging only.
 
-Not modelled: vLLM main's newer free path that puts UNcached freed blocks at the head of
-the free queue (LIFO, for GPU locality) rather than the tail; hybrid/sliding-window
-groups; lookahead (speculative) slots; v0's prefix-caching CPU allocator.
+With ``free_unhashed_first`` (newer vLLM: ``BlockPool.free_blocks`` splits what it frees
+into ``prepend_n`` and ``append_n``), a freed block that has no hash (a request's partial
+last block, or any block while prefix caching is off) goes to the HEAD of the free queue
+and is reused first (LIFO); hashed blocks still go to the tail. :meth:`free` takes how many
+of the request's leading blocks count as hashed (a caller that registers keys lazily knows
+more full blocks than it registered).
+
+Not modelled: hybrid/sliding-window groups; v0's prefix-caching CPU allocator.
 """
 
 from __future__ import annotations
@@ -92,12 +97,12 @@ class KVCacheManager:
 
     __slots__ = (
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
-        "num_swap_blocks", "_queue", "_head", "_stale", "_nstale", "_ref", "_nshared", "_key",
+        "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_stale", "_nstale", "_ref", "_nshared", "_key",
         "_cache", "_dups", "_req", "_ncached", "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-                 num_swap_blocks: int = 0):
+                 num_swap_blocks: int = 0, free_unhashed_first: bool = False):
         if int(num_blocks) < 2:
             raise ValueError(f"num_blocks: {num_blocks!r} is not valid; expected an integer >= 2 "
                              "(block 0 is reserved)")
@@ -110,6 +115,10 @@ class KVCacheManager:
         self.usable_blocks = self.num_blocks - 1
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.num_swap_blocks = int(num_swap_blocks)
+        self.free_unhashed_first = bool(free_unhashed_first)
+        # Blocks put at the head of the free queue (free_unhashed_first), as a stack: its
+        # last entry is the head. They have no key, so no prefix hit takes one out early.
+        self._front: list[int] = []
         # Free queue, head first: the live entries of _queue[_head:]. Blocks are taken from
         # the head with a list slice and freed onto the tail with one extend (a simulated run
         # moves millions). A free block taken from the middle (a prefix hit) leaves a stale
@@ -138,7 +147,7 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._queue) - self._head - self._nstale
+        return len(self._queue) - self._head - self._nstale + len(self._front)
 
     @property
     def num_used_blocks(self) -> int:
@@ -242,6 +251,20 @@ class KVCacheManager:
 
     def _take(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks from the free-queue head onto ``out`` (caller checked room)."""
+        front = self._front
+        if front:   # the head-of-queue stack first, its last entry first
+            k = min(n, len(front))
+            taken = front[-k:]
+            taken.reverse()
+            del front[-k:]
+            if self.enable_prefix_caching:
+                ref = self._ref
+                for b in taken:
+                    ref[b] = 1
+            out += taken   # blocks without a key: nothing to evict
+            n -= k
+            if not n:
+                return
         queue, head = self._queue, self._head
         taken = queue[head:head + n]
         if self._stale and not self._stale.keys().isdisjoint(taken):
@@ -292,7 +315,8 @@ class KVCacheManager:
         self._nstale += 1
 
     def allocate(self, req: Hashable, num_tokens: int, keys: Sequence[Hashable] | None = None,
-                 num_cached_tokens: int = 0, watermark_blocks: int = 0) -> int | None:
+                 num_cached_tokens: int = 0, watermark_blocks: int = 0,
+                 full_tokens: int = 0) -> int | None:
         """Make ``req`` hold blocks for ``num_tokens`` tokens in all; return the new blocks taken.
 
         A request with no blocks yet and ``num_cached_tokens`` > 0 (from
@@ -300,6 +324,10 @@ class KVCacheManager:
         ``keys[:num_cached_tokens // block_size]``. Returns ``None``, changing nothing, if
         the new blocks + the free hit blocks + ``watermark_blocks`` exceed the free blocks.
         Never shrinks a request.
+
+        ``full_tokens`` (a new request only): fail unless blocks for that many tokens would
+        fit, though only ``num_tokens`` are allocated (vLLM's ``full_sequence_must_fit``:
+        a request is admitted when its whole known sequence fits, not just its first chunk).
         """
         blocks = self._req.get(req)
         if blocks is not None:
@@ -344,7 +372,10 @@ class KVCacheManager:
                 if ref[b] == 0:
                     evictable += 1
         need = total - len(hit_blocks)
-        if need + evictable + watermark_blocks > self.num_free_blocks:
+        whole = max(total, -(-full_tokens // self.block_size))
+        if whole > self.usable_blocks:
+            return None   # the whole sequence can never fit; the caller stops it at the limit
+        if whole - len(hit_blocks) + evictable + watermark_blocks > self.num_free_blocks:
             return None
         if hit_blocks:
             ref = self._ref
@@ -382,9 +413,13 @@ class KVCacheManager:
         for i, blocks in enumerate(tables):
             blocks += taken[i::k]
 
-    def free(self, req: Hashable) -> None:
+    def free(self, req: Hashable, num_hashed: int = 0) -> None:
         """Release ``req``'s GPU blocks (tail blocks first to the free-queue tail), or its
-        swap blocks if it is swapped out."""
+        swap blocks if it is swapped out.
+
+        With ``free_unhashed_first``, blocks that have no key go to the head instead: with
+        prefix caching on, those past the first ``num_hashed`` that hold no key (a caller
+        that registers keys lazily passes the full blocks it knows); with it off, all."""
         blocks = self._req.pop(req, None)
         if blocks is None:
             n = self._swapped.pop(req, None)
@@ -393,9 +428,12 @@ class KVCacheManager:
             self._free_swap += n
             return
         del self._ncached[req]
-        self._release(blocks)
+        self._release(blocks, num_hashed)
 
-    def _release(self, blocks: list[int]) -> None:
+    def _release(self, blocks: list[int], num_hashed: int = 0) -> None:
+        if self.free_unhashed_first:
+            self._release_split(blocks, num_hashed)
+            return
         ref = self._ref
         if not self._nshared:   # no block is shared: all go back, tail first
             if self.enable_prefix_caching:
@@ -411,6 +449,31 @@ class KVCacheManager:
                 append(b)
             elif r == 1:
                 self._nshared -= 1
+
+    def _release_split(self, blocks: list[int], num_hashed: int) -> None:
+        """:meth:`_release` of newer vLLM: blocks reaching ref 0 are taken tail first; keyed
+        ones (or within the first ``num_hashed``) are appended to the tail in that order,
+        the others put at the head in that order (the first of them becomes the head)."""
+        ref, key, caching = self._ref, self._key, self.enable_prefix_caching
+        tail: list[int] = []
+        head: list[int] = []
+        for i in range(len(blocks) - 1, -1, -1):
+            b = blocks[i]
+            if caching:
+                r = ref[b] - 1
+                ref[b] = r
+                if r:
+                    if r == 1:
+                        self._nshared -= 1
+                    continue
+                if i < num_hashed or key[b] is not None:
+                    tail.append(b)
+                    continue
+            head.append(b)
+        self._queue += tail
+        if head:
+            head.reverse()   # the stack's last entry is the head: the first freed
+            self._front += head
 
     # -- swap (vLLM v0) ----------------------------------------------------------------
 
@@ -455,7 +518,7 @@ class KVCacheManager:
     def free_block_ids(self) -> list[int]:
         """The free queue, head (next allocated) first."""
         stale = dict(self._stale)
-        out = []
+        out = self._front[::-1]
         for b in self._queue[self._head:]:
             if stale.get(b):
                 stale[b] -= 1

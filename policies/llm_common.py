@@ -6,6 +6,7 @@ few scalars per request per step, which lists do faster than numpy arrays.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import numpy as np
@@ -112,3 +113,39 @@ def rejects(rows: list) -> list[Reject]:
 
 class Waiting(deque):
     """Arrived requests not running, in FCFS order; preempted ones go back to the front."""
+
+
+class PriorityWaiting:
+    """Arrived requests not running, ordered by (priority, arrival, row): vLLM's priority
+    queue (``PriorityRequestQueue``; a lower value is served first). A preempted request
+    goes back to its place in that order, not to the front. The :class:`Waiting` interface
+    the policies use: ``append``, ``appendleft``, ``popleft``, ``[0]``, ``len``."""
+
+    __slots__ = ("_heap", "_priority", "_arrival")
+
+    def __init__(self, requests: Requests):
+        self._heap: list[tuple[int, int, int]] = []
+        self._priority = requests.priority.astype(np.int64).tolist()
+        self._arrival = requests.arrival_ns.tolist()
+
+    def append(self, row: int) -> None:
+        heapq.heappush(self._heap, (self._priority[row], self._arrival[row], row))
+
+    appendleft = append
+
+    def popleft(self) -> int:
+        return heapq.heappop(self._heap)[2]
+
+    def __getitem__(self, i: int) -> int:
+        if i != 0:
+            raise IndexError("PriorityWaiting: only the head ([0]) can be read")
+        return self._heap[0][2]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self):
+        return (row for _, _, row in sorted(self._heap))

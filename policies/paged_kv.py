@@ -1,16 +1,31 @@
 """``paged-kv``: vLLM's scheduler over a paged KV cache.
 
-Follows vLLM v1's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py, FCFS):
+Follows vLLM v1's ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py):
 
 1. a token budget of ``max_num_batched_tokens`` per step;
 2. running requests first, in admission order, each getting the rest of its known
    tokens (a prefill chunk, or 1 when decoding) within the budget and
-   ``long_prefill_token_threshold``; when its blocks cannot be allocated the *last*
-   running request is preempted, repeatedly, possibly itself;
-3. waiting requests only if nothing was preempted, in order, while the budget lasts and
-   fewer than ``max_num_seqs`` run; one whose blocks do not fit stops admission;
-4. preemption by recompute: blocks freed, progress reset, back to the front of the queue;
+   ``long_prefill_token_threshold``; when its blocks cannot be allocated a victim is
+   preempted, repeatedly, possibly itself: the *last* running request (``fcfs``) or the
+   lowest-priority one, latest arrival first (``priority``; a victim already scheduled
+   this step gives its tokens back);
+3. waiting requests only if nothing was preempted, in order (arrival, or (priority,
+   arrival)), while the budget lasts and fewer than ``max_num_seqs`` run; one whose blocks
+   do not fit stops admission. With ``scheduler_reserve_full_isl`` a request is admitted
+   only when blocks for its whole known sequence fit (``full_sequence_must_fit``), though
+   only its first chunk's are allocated; without chunked prefill a prompt that does not
+   fit the budget whole stops admission;
+4. preemption by recompute: blocks freed, progress reset, back to the waiting queue;
 5. chunked prefill; prefix caching of full blocks (``enable_prefix_caching``).
+
+``vllm_compat`` picks the vLLM release whose defaults the unset switches take
+(:data:`VLLM_COMPAT`; docs/vllm.md names the versions): ``current`` (the default), ``0.10``
+or ``0.8``. Besides the switches vLLM has flags for, it sets three behaviours vLLM has no
+flag for: the free-block order (newer vLLM puts freed blocks without a hash at the head
+of the free queue), where the watermark applies (newer vLLM: only to waiting or
+preempted requests while something runs; before: every admission) and requests longer
+than the cache (newer vLLM admits one whose prompt and one token fit and stops its
+generation at the limit, ``length_capped`` in the stats; before: rejected).
 
 ``preemption_mode="swap"`` takes vLLM v0's swap path instead (vllm/core/scheduler.py):
 the victim's blocks move to ``swap_space_gb`` of host memory, swapped requests resume
@@ -18,7 +33,8 @@ before new admissions, and admissions keep ``watermark`` of the GPU blocks free.
 separate prefill and decode steps are not modelled: steps stay v1's mixed ones.
 
 Requests whose prompt plus output exceed ``max_model_len``, or need more blocks than the
-GPU has, are rejected with reason ``too_long`` when they arrive.
+GPU has, are rejected with reason ``too_long`` when they arrive (``0.8`` and ``0.10``), or
+stopped at that limit (``current``; rejected only when the prompt and one token do not fit).
 """
 
 from __future__ import annotations
@@ -26,9 +42,22 @@ from __future__ import annotations
 import numpy as np
 
 from policies.kv_cache import KVCacheManager
-from policies.llm_common import BlockKeys, Progress, Waiting, check_token_columns, make_step, rejects
+from policies.llm_common import (BlockKeys, PriorityWaiting, Progress, Waiting, check_token_columns,
+                                 make_step, rejects)
 from schedsim.errors import InputError
 from schedsim.core.llm_policy import LLMPolicy, Step, kv_budget
+
+VLLM_COMPAT = {
+    "0.8": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=False,
+                free_unhashed_first=False, watermark_while_running=False, cap_long_requests=False),
+    "0.10": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=True,
+                 free_unhashed_first=False, watermark_while_running=False, cap_long_requests=False),
+    "current": dict(scheduler_reserve_full_isl=True, async_scheduling=True, enable_prefix_caching=True,
+                    free_unhashed_first=True, watermark_while_running=True, cap_long_requests=True),
+}
+"""Each ``--vllm-compat`` preset: the defaults of the switches left unset (docs/vllm.md)."""
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 class PagedKV(LLMPolicy):
@@ -37,28 +66,67 @@ class PagedKV(LLMPolicy):
     def __init__(self, model_spec: str = "llama-1b", block_size: int = 16,
                  num_gpu_blocks: int | None = None, gpu_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = False,
+                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool | None = None,
                  preemption_mode: str = "recompute", swap_space_gb: float = 4.0,
                  watermark: float | None = None, long_prefill_token_threshold: int = 0,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, vllm_compat: str = "current",
+                 scheduler_reserve_full_isl: bool | None = None, async_scheduling: bool | None = None,
+                 scheduling_policy: str = "fcfs", enable_chunked_prefill: bool = True,
+                 max_num_partial_prefills: int | None = None):
+        if vllm_compat not in VLLM_COMPAT:
+            raise InputError(f"--vllm-compat: {vllm_compat!r} is not valid; expected one of "
+                             f"{', '.join(VLLM_COMPAT)}")
+        preset = VLLM_COMPAT[vllm_compat]
         if preemption_mode not in ("recompute", "swap"):
             raise InputError(f"--preemption-mode: {preemption_mode!r} is not valid; expected recompute or swap")
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise InputError(f"--scheduling-policy: {scheduling_policy!r} is not valid; expected fcfs or priority")
         for flag, value in (("--max-num-seqs", max_num_seqs),
-                            ("--max-num-batched-tokens", max_num_batched_tokens)):
-            if int(value) < 1:
+                            ("--max-num-batched-tokens", max_num_batched_tokens),
+                            ("--max-num-partial-prefills", max_num_partial_prefills)):
+            if value is not None and int(value) < 1:
                 raise InputError(f"{flag}: {value} is not valid; expected an integer >= 1")
         if long_prefill_token_threshold < 0:
             raise InputError(f"--long-prefill-token-threshold: {long_prefill_token_threshold} must be >= 0")
-        self.budget = kv_budget(model_spec, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                gpu_memory_gb=gpu_memory_gb,
-                                gpu_memory_utilization=gpu_memory_utilization,
-                                max_num_batched_tokens=max_num_batched_tokens,
-                                max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                swap_space_gb=swap_space_gb if preemption_mode == "swap" else 0.0)
+        self.vllm_compat = vllm_compat
+        self.chunked_prefill = bool(enable_chunked_prefill)
+        given_tokens = max_num_batched_tokens
+
+        def budget_for(tokens: int):
+            return kv_budget(model_spec, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                             gpu_memory_gb=gpu_memory_gb,
+                             gpu_memory_utilization=gpu_memory_utilization,
+                             max_num_batched_tokens=tokens,
+                             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                             swap_space_gb=swap_space_gb if preemption_mode == "swap" else 0.0)
+
+        self.budget = budget_for(8192 if given_tokens is None else int(given_tokens))
+        if given_tokens is None:
+            max_num_batched_tokens = 8192
+            if not self.chunked_prefill:   # vLLM's default then: a whole prompt of any length fits
+                max_num_batched_tokens = max(self.budget.max_model_len, 2048)
+                self.budget = budget_for(max_num_batched_tokens)
+        elif not self.chunked_prefill and int(given_tokens) < self.budget.max_model_len:
+            raise InputError(f"--max-num-batched-tokens: {given_tokens} is smaller than --max-model-len "
+                             f"{self.budget.max_model_len}; without chunked prefill a whole prompt must fit "
+                             f"one step (as vLLM requires); raise it, lower --max-model-len or enable "
+                             f"chunked prefill")
         self.block_size = int(block_size)
         self.max_num_seqs = int(max_num_seqs)
         self.max_num_batched_tokens = int(max_num_batched_tokens)
-        self.prefix_caching = bool(enable_prefix_caching)
+        self.prefix_caching = bool(preset["enable_prefix_caching"] if enable_prefix_caching is None
+                                   else enable_prefix_caching)
+        self.reserve_full_isl = bool(preset["scheduler_reserve_full_isl"] if scheduler_reserve_full_isl is None
+                                     else scheduler_reserve_full_isl)
+        self.async_scheduling = bool(preset["async_scheduling"] if async_scheduling is None
+                                     else async_scheduling)
+        """Whether the engine prepares a step while the one before runs (the cost model reads it)."""
+        self.priority = scheduling_policy == "priority"
+        self.scheduling_policy = scheduling_policy
+        self.free_unhashed_first = preset["free_unhashed_first"]
+        self.watermark_while_running = preset["watermark_while_running"]
+        self.cap_long_requests = preset["cap_long_requests"]
+        self.max_partial = int(max_num_partial_prefills) if max_num_partial_prefills else 0
         self.swap = preemption_mode == "swap"
         if watermark is None:
             watermark = 0.01 if self.swap else 0.0   # v0's default; v1 keeps none
@@ -68,15 +136,28 @@ class PagedKV(LLMPolicy):
         self.threshold = int(long_prefill_token_threshold)
         self.kv_blocks_total = self.budget.num_blocks - 1  # block 0 is vLLM's null block
 
+    def settings(self) -> dict:
+        """The vLLM switches this policy runs with, defaults resolved (for the summary)."""
+        return {"vllm_compat": self.vllm_compat, "scheduler_reserve_full_isl": self.reserve_full_isl,
+                "async_scheduling": self.async_scheduling, "scheduling_policy": self.scheduling_policy,
+                "enable_chunked_prefill": self.chunked_prefill, "enable_prefix_caching": self.prefix_caching,
+                "long_prefill_token_threshold": self.threshold,
+                "max_num_partial_prefills": self.max_partial or None,
+                "max_num_batched_tokens": self.max_num_batched_tokens}
+
     def reset(self, requests) -> None:
         super().reset(requests)
         check_token_columns(requests, self.name)
         self.p = Progress(requests)
         self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
                                  enable_prefix_caching=self.prefix_caching,
-                                 num_swap_blocks=self.budget.num_swap_blocks)
+                                 num_swap_blocks=self.budget.num_swap_blocks,
+                                 free_unhashed_first=self.free_unhashed_first)
         self.running: list[int] = []
-        self.waiting = Waiting()
+        self.waiting = PriorityWaiting(requests) if self.priority else Waiting()
+        self.length_capped = 0
+        self.prio = requests.priority.astype(np.int64).tolist() if self.priority else None
+        self.arrival = requests.arrival_ns.tolist() if self.priority else None
         self.swapped = Waiting()
         self.keys: dict[int, BlockKeys] = {}
         self.too_long: list[int] = []
@@ -95,9 +176,17 @@ class PagedKV(LLMPolicy):
         for r in range(first, stop):
             total = prompt[r] + output[r]
             if total > self.max_len or total - 1 > self.max_tokens_in_gpu:
-                self.too_long.append(r)
-            else:
-                self.waiting.append(r)
+                # Newer vLLM: admitted if its prompt and one token fit, stopped at the limit.
+                most = min(self.max_len - prompt[r], self.max_tokens_in_gpu + 1 - prompt[r])
+                if not self.cap_long_requests or most < 1:
+                    self.too_long.append(r)
+                    continue
+                output[r] = most
+                self.length_capped += 1
+            if not self.chunked_prefill and prompt[r] > self.max_num_batched_tokens:
+                self.too_long.append(r)   # only when --max-model-len is above the budget
+                continue
+            self.waiting.append(r)
 
     def schedule(self, now_ns: int) -> Step:
         p, kv, bs = self.p, self.kv, self.block_size
@@ -108,12 +197,21 @@ class PagedKV(LLMPolicy):
         rows, ntok, ctx, emit = [], [], [], []
         preempted: list[int] = []
         running = self.running
+        partial_limit = self.max_partial
+        partial = 0   # rows of this step still computing prompt tokens (--max-num-partial-prefills)
+        skipped = False
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
             c = computed[r]
             known = prompt[r] + generated[r]
             n = known - c
+            if partial_limit and n > 1:
+                if partial >= partial_limit:
+                    skipped = True
+                    i += 1
+                    continue
+                partial += 1
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -121,7 +219,20 @@ class PagedKV(LLMPolicy):
             end = c + n
             if end > cap[r]:  # needs a new block (a decode: once in block_size steps)
                 while kv.allocate(r, end) is None:
-                    victim = running.pop()
+                    if self.priority:
+                        victim = self._priority_victim()
+                        at = running.index(victim)
+                        del running[at]
+                        if at < i:   # scheduled earlier this step: it gives its tokens back
+                            i -= 1
+                            if victim in rows:
+                                j = rows.index(victim)
+                                budget += ntok[j]
+                                if partial_limit and ntok[j] > 1:
+                                    partial -= 1
+                                del rows[j], ntok[j], ctx[j], emit[j]
+                    else:
+                        victim = running.pop()
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim == r:
@@ -136,7 +247,7 @@ class PagedKV(LLMPolicy):
                 i += 1
                 continue
             break
-        all_running = i == len(running)
+        all_running = i == len(running) and not skipped
         swap_in_blocks = 0
         admitted = False
         if not preempted:
@@ -153,12 +264,20 @@ class PagedKV(LLMPolicy):
                         keys = self.keys[r] = BlockKeys(self.requests, r, bs)
                     hits = kv.computed_prefix(r, keys, known, count=r not in self.admitted_before)
                 n = known - hits
+                if partial_limit and n > 1:
+                    if partial >= partial_limit:
+                        break
+                    partial += 1
                 if self.threshold and n > self.threshold:
                     n = self.threshold
                 if n > budget:
+                    if not self.chunked_prefill:
+                        break   # the whole prompt or nothing: it waits, and so do those behind it
                     n = budget
-                if kv.allocate(r, hits + n, self.keys.get(r), num_cached_tokens=hits,
-                               watermark_blocks=self.watermark_blocks) is None:
+                # Newer vLLM keeps the watermark only when admitting beside running requests.
+                mark = self.watermark_blocks if running or not self.watermark_while_running else 0
+                if kv.allocate(r, hits + n, self.keys.get(r), num_cached_tokens=hits, watermark_blocks=mark,
+                               full_tokens=known if self.reserve_full_isl else 0) is None:
                     break
                 if self.prefix_caching:
                     self.full[r] = hits // bs   # what it holds cached: its hit blocks
@@ -215,7 +334,7 @@ class PagedKV(LLMPolicy):
             for r in finished:
                 if self.prefix_caching:
                     self._cache_full_blocks(r, computed[r] // bs)
-                kv.free(r)
+                kv.free(r, self.full[r])
                 cap[r] = 0
                 self.keys.pop(r, None)
             self.running = [r for r in self.running if r not in done]
@@ -227,6 +346,8 @@ class PagedKV(LLMPolicy):
 
     def stats(self) -> dict:
         return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
+                "length_capped": self.length_capped,
+                "output_tokens_per_request": np.asarray(self.p.output, dtype=np.int64),
                 "swap_fallbacks_to_recompute": self.swap_fallbacks,
                 "prefix_hit_tokens_per_request": self.hit_tokens,
                 "kv_blocks_total": self.kv_blocks_total, "block_size": self.block_size,
@@ -266,12 +387,18 @@ class PagedKV(LLMPolicy):
                 self.swapped.append(victim)
                 return
             self.swap_fallbacks += 1  # v0 aborts here; we recompute instead and count it
+        full = self.p.computed[victim] // self.block_size
         if self.prefix_caching:
-            self.kv.cache_blocks(victim, self.p.computed[victim] // self.block_size, self.keys[victim])
-        self.kv.free(victim)
+            self.kv.cache_blocks(victim, full, self.keys[victim])
+        self.kv.free(victim, full)
         self.cap[victim] = 0
         self.p.computed[victim] = 0
         self.waiting.appendleft(victim)
+
+    def _priority_victim(self) -> int:
+        """The running request vLLM's priority scheduler preempts: the largest (priority, arrival)."""
+        prio, arrival = self.prio, self.arrival
+        return max(self.running, key=lambda r: (prio[r], arrival[r], r))
 
     def _resume_swapped(self, budget, rows, ntok, ctx, emit):
         """Swap requests back in, oldest first, before any new admission (vLLM v0)."""

@@ -24,9 +24,11 @@ class LinearCost(StepCost):
         return self.a + self.b * n + self.c * (int(context.sum()) + n * np.arange(k, dtype=np.int64))
 
 
-def llm_requests(arrival_s, prompt, output, hash_ids=None, hash_block_tokens=512) -> Requests:
+def llm_requests(arrival_s, prompt, output, hash_ids=None, hash_block_tokens=512, priority=None) -> Requests:
     trace = Trace.from_arrivals(arrival_s, input_tokens=prompt, output_tokens=output)
     req = Requests.from_trace(trace)
+    if priority is not None:
+        req.priority[:] = priority
     if hash_ids is not None:
         offsets = np.concatenate([[0], np.cumsum([len(h) for h in hash_ids])]).astype(np.int64)
         flat = np.array([x for h in hash_ids for x in h], dtype=np.int64)

@@ -202,7 +202,14 @@ class _Driver:
         keep = itl_count > 0
         itl_ns, itl_count = itl_ns[keep], itl_count[keep]
 
+        stats = dict(self.policy.stats())
+        hits = stats.pop("prefix_hit_tokens_per_request", None)
+        # A request the policy stops short of its output_tokens (at the KV cache's or the
+        # model's length limit) completes when it has emitted what the policy allowed.
         output = self.output_tokens
+        limit = stats.pop("output_tokens_per_request", None)
+        if limit is not None:
+            output = np.minimum(output, np.asarray(limit, np.int64))
         if (tokens_out > output).any():
             raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
                               f"rows {np.flatnonzero(tokens_out > output)[:8].tolist()}")
@@ -221,8 +228,6 @@ class _Driver:
         end_ns[done] = finish[done]
 
         tok, pre = step_token_sums(tokens, sizes)
-        stats = dict(self.policy.stats())
-        hits = stats.pop("prefix_hit_tokens_per_request", None)
         return LLMResult(
             requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
             first_token_ns=t.first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),

@@ -670,10 +670,16 @@ class _Driver:
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         itl_ns = t.gaps_ns[self.req.arrival_ns[t.gap_rows] >= itl_from_ns]  # warm-up requests add no gaps
 
-        if (tokens_out > self.output).any():
+        stats = dict(self.policy.stats())
+        hits = stats.pop("prefix_hit_tokens_per_request", None)
+        output = self.output   # less where the policy stops a request at a length limit
+        limit = stats.pop("output_tokens_per_request", None)
+        if limit is not None:
+            output = np.minimum(output, np.asarray(limit, np.int64))
+        if (tokens_out > output).any():
             raise PolicyError(f"{name} made a request emit more tokens than its output_tokens: "
-                              f"rows {np.flatnonzero(tokens_out > self.output)[:8].tolist()}")
-        done = (tokens_out == self.output) & (self.output > 0)
+                              f"rows {np.flatnonzero(tokens_out > output)[:8].tolist()}")
+        done = (tokens_out == output) & (output > 0)
         status = self.status.copy()
         if ((status > COMPLETED) & (first_seen >= 0)).any():
             raise PolicyError(f"{name} ran a request it had rejected")
@@ -687,8 +693,6 @@ class _Driver:
         end_ns[failed] = self.failed_ns[failed]
 
         tok, pre = step_token_sums(ntok, sizes)
-        stats = dict(self.policy.stats())
-        hits = stats.pop("prefix_hit_tokens_per_request", None)
         hits = np.zeros(n, np.int32) if hits is None else np.asarray(hits, np.int32)
         req = self.req if keep == n else self.req.head(keep)
         k = slice(0, keep)

@@ -72,15 +72,16 @@ def workload(seed: int, hashed: bool):
     return llm_requests(arrival, prompt, output, hash_ids=ids, hash_block_tokens=32)
 
 
+@pytest.mark.parametrize("compat", ["0.8", "current"])
 @pytest.mark.parametrize("hashed", [False, True])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("seed", range(4))
-def test_lazy_own_key_registration_changes_nothing(seed, mode, hashed, monkeypatch):
+def test_lazy_own_key_registration_changes_nothing(seed, mode, hashed, compat, monkeypatch):
     monkeypatch.setattr("policies.paged_kv.KVCacheManager", CountingKV)
     req = workload(seed, hashed)
     params = dict(block_size=8, num_gpu_blocks=90, max_num_seqs=24, max_num_batched_tokens=256,
                   enable_prefix_caching=True, preemption_mode=mode, swap_space_gb=0.005,
-                  max_model_len=4096)
+                  max_model_len=4096, vllm_compat=compat)
     runs = []
     for cls in (PagedKV, EagerPagedKV):
         policy = Recorded(cls(**params))

@@ -31,7 +31,7 @@ def run_steps(policy, requests, n_steps, repeats_of=lambda step: 1):
 
 
 def test_admission_and_chunked_prefill():
-    policy = PagedKV(block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8, max_num_seqs=4)
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8, max_num_seqs=4)
     req = llm_requests([0, 0], prompt=[10, 5], output=[3, 2])
     logs = run_steps(policy, req, 5)
     assert logs == [
@@ -46,7 +46,7 @@ def test_admission_and_chunked_prefill():
 
 def test_block_boundary_preemption_and_recompute():
     # 4 usable blocks of 4 tokens: two 6-token prompts take them all.
-    policy = PagedKV(block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100)
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100)
     req = llm_requests([0, 0], prompt=[6, 6], output=[4, 4])
     logs = run_steps(policy, req, 5, repeats_of=lambda s: s.repeat)
     assert logs == [
@@ -65,7 +65,7 @@ def test_block_boundary_preemption_and_recompute():
 
 def test_preempting_itself_when_alone_is_not_possible_so_longest_fits():
     # A request that needs every block runs; one that cannot ever fit is rejected on arrival.
-    policy = PagedKV(block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100)
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100)
     req = llm_requests([0, 0], prompt=[12, 20], output=[5, 1])
     policy.reset(req)
     policy.on_arrivals(0, 0, 2)
@@ -75,7 +75,7 @@ def test_preempting_itself_when_alone_is_not_possible_so_longest_fits():
 
 
 def test_prefix_hit_reuses_a_finished_requests_blocks():
-    policy = PagedKV(block_size=4, num_gpu_blocks=16, enable_prefix_caching=True)
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=16, enable_prefix_caching=True)
     # hash ids name 4-token blocks here; B shares A's first two blocks.
     req = llm_requests([0, 0], prompt=[9, 9], output=[1, 1], hash_ids=[[1, 2, 3], [1, 2, 4]],
                        hash_block_tokens=4)
@@ -91,7 +91,7 @@ def test_prefix_hit_reuses_a_finished_requests_blocks():
 
 
 def test_a_preempted_request_re_hits_its_own_blocks():
-    policy = PagedKV(block_size=4, num_gpu_blocks=7, max_num_batched_tokens=100,
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=7, max_num_batched_tokens=100,
                      enable_prefix_caching=True)
     req = llm_requests([0, 0], prompt=[8, 8], output=[6, 6])
     logs = run_steps(policy, req, 4, repeats_of=lambda s: s.repeat)
@@ -104,7 +104,7 @@ def test_a_preempted_request_re_hits_its_own_blocks():
 
 
 def test_swap_out_and_in():
-    policy = PagedKV(block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100,
+    policy = PagedKV(vllm_compat="0.8", block_size=4, num_gpu_blocks=5, max_num_batched_tokens=100,
                      preemption_mode="swap", swap_space_gb=0.001, watermark=0.0)
     req = llm_requests([0, 0], prompt=[6, 6], output=[4, 4])
     policy.reset(req)
@@ -165,15 +165,15 @@ def test_static_batch_keeps_finished_members_as_padding():
 
 def test_bad_flags_are_input_errors():
     with pytest.raises(InputError, match="--preemption-mode"):
-        PagedKV(preemption_mode="drop")
+        PagedKV(vllm_compat="0.8", preemption_mode="drop")
     with pytest.raises(InputError, match="--reservation"):
         Continuous(reservation="half")
     with pytest.raises(InputError, match="--max-num-seqs"):
-        PagedKV(max_num_seqs=0)
+        PagedKV(vllm_compat="0.8", max_num_seqs=0)
 
 
 def test_trace_without_token_columns_is_an_input_error():
-    policy = PagedKV(num_gpu_blocks=64)
+    policy = PagedKV(vllm_compat="0.8", num_gpu_blocks=64)
     req = llm_requests([0, 0], prompt=[0, 0], output=[0, 0])
     with pytest.raises(InputError, match="output_tokens"):
         policy.reset(req)
@@ -182,7 +182,7 @@ def test_trace_without_token_columns_is_an_input_error():
 def test_a_one_token_prefill_chunk_is_not_repeated_as_a_decode():
     """Found by hypothesis: with the budget squeezed to one token, a prefilling row computes
     one token a step and emits nothing; such a step must not be marked repeatable."""
-    policy = PagedKV(block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=4,
+    policy = PagedKV(vllm_compat="0.8", block_size=2, num_gpu_blocks=9, max_num_batched_tokens=4, max_num_seqs=4,
                      max_model_len=64)
     req = llm_requests([0] * 4, prompt=[1, 1, 1, 3], output=[4, 4, 4, 2])
     logs = run_steps(policy, req, 4, repeats_of=lambda s: s.repeat)
