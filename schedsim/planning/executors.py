@@ -11,34 +11,59 @@ import multiprocessing
 import os
 import signal
 import socket
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import sys
 from typing import Callable, Iterator
 
 from schedsim.errors import InputError
 
 EXECUTORS = ("local", "ray")
 
+# Forked workers start at once with everything the parent imported (a spawned worker imports
+# schedsim again, about 1 s); elsewhere fork is not safe (macOS), so they are spawned.
+_START = "fork" if sys.platform.startswith("linux") else "spawn"
 
-def _ignore_sigint() -> None:
+
+def _worker_init(parent: int) -> None:
     # Ctrl-C is the parent's to handle (it keeps what is done); a worker that saw it too
     # would print a traceback per process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        # A worker dies with the command, even one killed by SIGKILL: no orphan keeps a core.
+        import ctypes  # lazy: workers only
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)  # the parent died before prctl took effect
+
+
+class _Indexed:
+    """``(i, fn(*job))`` for ``(i, job)``: picklable, unlike a closure."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, item):
+        i, job = item
+        return i, self.fn(*job)
 
 
 def run_local(fn: Callable, jobs: list, workers: int | None) -> Iterator[tuple[int, object]]:
-    """``fn(*job)`` for every job in a process pool (spawned: no forked threads or locks)."""
+    """``fn(*job)`` for every job in a pool of worker processes, forked where that is safe.
+
+    The workers end with the iteration: joined when every job is done, terminated when the
+    caller stops early (an error, Ctrl-C, a closed generator); and on Linux they die with
+    the parent process, however it ends."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+    pool = multiprocessing.get_context(_START).Pool(workers, initializer=_worker_init, initargs=(os.getpid(),))
     try:
-        pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=pending.get):
-                yield pending.pop(future), future.result()
+        yield from pool.imap_unordered(_Indexed(fn), enumerate(jobs))
+    except BaseException:
+        pool.terminate()
+        raise
+    else:
+        pool.close()
     finally:
-        # On Ctrl-C or an error: drop what has not started; running jobs finish on their own.
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.join()
 
 
 def check_ray_address(address: str) -> None:
