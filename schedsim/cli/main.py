@@ -137,6 +137,9 @@ def run(
     router: Annotated[str, typer.Option(help="With --replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class.")] = "round-robin",
     seed: Annotated[int, typer.Option(help="Seed for service-time draws.")] = 1,
     replications: Annotated[int, typer.Option(help="Runs with seeds seed, seed+1, ...; reports means and 95% CIs.")] = 1,
+    band: Annotated[Optional[float], typer.Option(help="Prediction band level: the range one live run of this trace lands in this share of the time (default 0.9 up to 50,000 requests; 0: none).")] = None,
+    band_replications: Annotated[Optional[int], typer.Option(help="Replications behind the band (default 19: an exact 90% band; 39 gives steadier edges).")] = None,
+    band_arrivals: Annotated[str, typer.Option(help="Band: fixed (replay the trace's arrivals, as a live run does) or resample (also redraw its inter-arrival gaps).")] = "fixed",
     warmup_s: o.WarmupS = 0.0,
     rate_scale: o.RateScale = 1.0,
     spread: Annotated[str, typer.Option(help="Service-time spread: auto, empirical, fitted or none.")] = "auto",
@@ -188,7 +191,8 @@ def run(
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
-        out=out, plot=plot, overwrite=overwrite, replicas=replicas, router=router)
+        out=out, plot=plot, overwrite=overwrite, replicas=replicas, router=router,
+        band=band, band_replications=band_replications, band_arrivals=band_arrivals)
     llm = o.llm_options(locals())
     outcome = execute(spec, llm)
     if json_output:

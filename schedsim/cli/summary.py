@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schedsim.cli.options import fmt_metric
+from schedsim.run.bands import band_text
 
 
 def print_summary(outcome) -> None:
@@ -39,6 +40,8 @@ def print_summary(outcome) -> None:
     if s.get("replications", 1) > 1:
         table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
     console.print(table)
+    if band_text(s):
+        console.print(band_text(s), highlight=False, soft_wrap=True)
     hist = s.get("batch_size_histogram") or {}
     if hist:
         console.print(batch_size_line(hist))
@@ -98,6 +101,8 @@ def print_llm_summary(outcome) -> None:
     for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e")):
         table.add_row(label, *(fmt(f"{key}_{q}_ms", 2) for q in ("p50", "p90", "p99", "mean")))
     console.print(table)
+    if band_text(s):
+        console.print(band_text(s), highlight=False, soft_wrap=True)
 
     rows = Table(show_header=False, box=None)
     rows.add_column("metric")

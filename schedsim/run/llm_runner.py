@@ -14,6 +14,7 @@ from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
 from schedsim.live.llm_driver import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
+from schedsim.run.bands import LLM_KEYS, compute_band, host_sigma, llm_one, plan_band, trace_duration_s
 from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, policy_config, trace_notes
 from schedsim.traces.io import scale_rate
 
@@ -81,7 +82,14 @@ def execute_llm(spec, options: LLMOptions, trace):
             results.append(result)
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
-    notes = sorted({str(w.message) for w in caught})
+        band_plan, band_note = plan_band(spec.band, len(trace), spec.band_replications, spec.band_arrivals)
+        if band_plan is not None:
+            summaries[0]["offered_rps"] = offered_rate(requests.arrival_ns[requests.arrival_ns >= int(round(spec.warmup_s * 1e9))])
+            band = compute_band(band_plan, spec.seed, llm_one(spec, trace, requests, policy, cost, dict(
+                slo_ttft_ms=options.slo_ttft_ms, slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms)),
+                LLM_KEYS, sigma=host_sigma(profile.meta, trace_duration_s(trace)), draws=None,
+                point=summaries[0])
+    notes = sorted({str(w.message) for w in caught}) + ([band_note] if band_note else [])
     for one in summaries:
         arrival_ns = requests.arrival_ns
         one["offered_rps"] = offered_rate(arrival_ns[arrival_ns >= int(round(spec.warmup_s * 1e9))])
@@ -89,6 +97,8 @@ def execute_llm(spec, options: LLMOptions, trace):
         summary = summaries[0]
     else:
         summary = combine_replications(summaries)
+    if band_plan is not None:
+        summary |= band
     if overloaded(summary):
         notes.append(overload_warning(summary))
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}

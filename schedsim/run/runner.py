@@ -14,6 +14,8 @@ from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
 from schedsim.planning.fleet import simulate_spec_fleet
 from schedsim.registry import build_policy
+from schedsim.run.bands import (REQUEST_KEYS, compute_band, host_sigma, plan_band, request_level_one,
+                                 trace_duration_s)
 from schedsim.run.llm_runner import execute_llm, is_llm_run, might_be_llm
 from schedsim.run.outdir import claim_run_dir
 from schedsim.run.spec import (LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, policy_config,
@@ -101,6 +103,8 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
 def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     inputs = load_inputs(spec, trace)
     notes = trace_notes(inputs.trace)
+    band_plan, band_note = plan_band(spec.band, len(inputs.trace), spec.band_replications, spec.band_arrivals)
+    notes += [band_note] if band_note else []
     if effective_policy(spec) != spec.policy:
         notes.append(NO_DYNAMIC_BATCHING.format(path=spec.triton_config))
         spec = dataclasses.replace(spec, policy=effective_policy(spec))
@@ -133,6 +137,9 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     summary = summaries[0] if len(summaries) == 1 else (
         combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
                                            "utilization": summaries[0]["utilization"]})
+    if band_plan is not None:
+        summary |= compute_band(band_plan, spec.seed, request_level_one(spec, inputs, cost, contention), REQUEST_KEYS,
+                                sigma=host_sigma(cost.profile.meta, trace_duration_s(trace)))
     grid_model = pair_grid_model(cost) if instances > 1 else None
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,

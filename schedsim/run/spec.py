@@ -55,6 +55,12 @@ class RunSpec:
     """Replicas behind a router, each with its own policy and ``instances`` instances."""
     router: str = "round-robin"
     """With replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class."""
+    band: float | None = None
+    """Prediction band level; None = 0.9 up to 50,000 requests, 0 = none (:mod:`schedsim.run.bands`)."""
+    band_replications: int | None = None
+    """Replications behind the band; None = 19."""
+    band_arrivals: str = "fixed"
+    """``fixed`` (the trace's arrivals, as a live replay) or ``resample`` (bootstrap its gaps)."""
 
 
 @dataclass(frozen=True)

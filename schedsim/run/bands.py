@@ -1,0 +1,296 @@
+"""Prediction bands: the range one live run of a trace lands in, at a stated level.
+
+A confidence interval of a mean says where the average over many runs is; a band says
+where *one* run's figure lands. It is built by replaying the trace ``n`` more times with
+independent draws of what a live run redraws, and taking order statistics of each figure
+across the replications:
+
+- service times: a fresh seed for every replication, so each batch draws its time from
+  the profile's measured spread (its raw samples, or the table's fitted percentiles);
+- the host's speed, when the profile's sidecar carries a ``host_variation`` record
+  (:mod:`schedsim.profiling.host_variation`): each replication runs on a cost table
+  scaled by one factor, log-normal with median 1, whose variance is the record's
+  between-runs variance plus its within-run (window) variance shrunk by how many windows
+  the trace spans (a slow spell shorter than the trace is partly averaged out);
+- arrivals, only when asked (``arrivals="resample"``): the trace's inter-arrival gaps
+  drawn with replacement (a renewal bootstrap), the other columns kept row by row. A live
+  replay of a trace file keeps its arrivals, so the default ("fixed") does not redraw them.
+
+Each replication has the trace's own length, so the band is as wide as a run of that
+length varies: a shorter trace gives a wider band (for a mean, about 1/sqrt(n)).
+
+Edges: with ``n`` replications and level ``L``, the band is
+``[X_(k), X_(n+1-k)]`` with ``k = (1 - L) / 2 * (n + 1)`` (Hyndman and Fan's type 6
+quantile, ``numpy.quantile(method="weibull")``; interpolated when ``k`` is not whole).
+For ``n`` independent draws and one more from the same distribution, the new one falls
+below ``X_(k)`` with probability ``k / (n + 1)`` whatever the distribution, so the band
+covers one new run with probability ``L`` exactly: 19 replications and their minimum and
+maximum for 90%, 39 and their second smallest and second largest. Plain 5%/95% sample
+quantiles of 20 replications would cover about 81%.
+
+The point estimate (the run at ``--seed``) is not one of the replications and does not
+change with the band: the band's draws come from their own stream, seeded by
+``(seed, "band")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from schedsim.errors import InputError
+
+DEFAULT_LEVEL = 0.9
+"""The band's level when ``--band`` is not given."""
+
+AUTO_MAX_REQUESTS = 50_000
+"""Without ``--band``, traces longer than this get no band (said in a note): the band
+replays the trace 19 more times, about 5 s for 50,000 requests and minutes for 2M on one
+core. ``--band LEVEL`` computes it at any length."""
+
+DEFAULT_REPLICATIONS = 19
+"""Replications by default: the least that gives an exact 90% band (its minimum and
+maximum). ``--band-replications 39`` gives steadier edges (second smallest and largest)."""
+
+REQUEST_KEYS = ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms", "throughput_rps")
+"""Request-level figures given a band."""
+
+LLM_KEYS = tuple(f"{m}_{q}_ms" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p90", "p99", "mean")) \
+    + ("throughput_rps",)
+"""LLM figures given a band."""
+
+ARRIVALS = ("fixed", "resample")
+
+_STREAM = 0x62616E64  # "band": the band's draws are their own stream, beside --seed's
+
+
+@dataclass(frozen=True)
+class BandPlan:
+    """What a band will be computed with."""
+
+    level: float
+    """Share of live runs the band covers, in (0, 1)."""
+    replications: int
+    """Replays of the trace with independent draws."""
+    arrivals: str = "fixed"
+    """``fixed`` (replay the trace's arrivals) or ``resample`` (bootstrap its gaps)."""
+
+
+def plan_band(level: float | None, n_requests: int, replications: int | None = None,
+              arrivals: str = "fixed") -> tuple[BandPlan | None, str | None]:
+    """The band to compute for a run of ``n_requests`` and a note to print (or None).
+
+    ``level``: None = default (:data:`DEFAULT_LEVEL`, up to :data:`AUTO_MAX_REQUESTS`
+    requests); 0 = no band; else the level. ``replications``: None = 39 up to
+    :data:`DEFAULT_REPLICATIONS`, raised to the least that reaches ``level``."""
+    if arrivals not in ARRIVALS:
+        raise InputError(f"--band-arrivals: {arrivals!r} is not valid; expected fixed or resample")
+    if level is not None and not (level == 0 or 0 < level < 1):
+        raise InputError(f"--band: {level} is not valid; expected a level in (0, 1), such as 0.9, or 0 for none")
+    if replications is not None and replications < 2:
+        raise InputError(f"--band-replications: {replications} is not valid; expected an integer >= 2")
+    if level == 0:
+        return None, None
+    if level is None and n_requests > AUTO_MAX_REQUESTS:
+        return None, (f"no prediction band: {n_requests:,} requests is more than {AUTO_MAX_REQUESTS:,}, and "
+                      "a band replays the trace 19 more times; --band 0.9 computes it")
+    level = DEFAULT_LEVEL if level is None else float(level)
+    least = least_replications(level)
+    if replications is None:
+        replications = max(least, DEFAULT_REPLICATIONS)
+    elif replications < least:
+        raise InputError(f"--band-replications: {replications} cannot give a {level:.0%} band; "
+                         f"it needs at least {least} (the band's edges are order statistics)")
+    return BandPlan(level, int(replications), arrivals), None
+
+
+def least_replications(level: float) -> int:
+    """Fewest replications whose smallest and largest make a band of ``level``: n + 1 >= 2 / (1 - level)."""
+    return max(2, math.ceil(2.0 / (1.0 - level) - 1e-9) - 1)
+
+
+def band_edges(values, level: float) -> tuple[float, float]:
+    """``(lo, hi)``: the type-6 quantiles at (1 -/+ level) / 2 of ``values`` (NaN when any is NaN)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0 or not np.isfinite(v).all():
+        return math.nan, math.nan
+    a = (1.0 - level) / 2.0
+    # Below the reach of type 6 (p < 1/(n+1)) numpy clamps to the extremes.
+    lo, hi = np.quantile(v, [a, 1.0 - a], method="weibull")
+    return float(lo), float(hi)
+
+
+def host_sigma(meta: dict, duration_s: float) -> float:
+    """Log-standard deviation of one run's host-speed factor from a sidecar's ``host_variation``
+    (0 when absent): between-runs variance plus within-run window variance times
+    ``min(1, window_s / duration_s)``."""
+    rec = meta.get("host_variation") if isinstance(meta, dict) else None
+    if not isinstance(rec, dict):
+        return 0.0
+    between = float(rec.get("between_runs_cv", 0.0) or 0.0)
+    within = float(rec.get("within_run_cv", 0.0) or 0.0)
+    window = float(rec.get("window_s", 0.0) or 0.0)
+    share = 1.0 if duration_s <= 0 or window <= 0 else min(1.0, window / duration_s)
+    var = math.log1p(between ** 2) + math.log1p(within ** 2) * share
+    return math.sqrt(var) if var > 0 else 0.0
+
+
+def scale_profile(profile, factor: float):
+    """``profile`` with every latency (table columns, raw samples) and its dispatch overheads
+    multiplied by ``factor``."""
+    columns = {k: (np.asarray(v) * factor if k.startswith("latency_ms") else v) for k, v in profile.columns.items()}
+    samples = None if profile.samples is None else {k: np.asarray(v) * factor for k, v in profile.samples.items()}
+    meta = dict(profile.meta)
+    for key in ("dispatch_overhead_us", "dispatch_overhead_us_per_sample"):
+        if isinstance(meta.get(key), (int, float)):
+            meta[key] = meta[key] * factor
+    return dataclasses.replace(profile, columns=columns, samples=samples, meta=meta)
+
+
+def scaled_cost(cost, factor: float, contention: dict | None = None):
+    """A request-level :class:`~schedsim.cost.model.CostModel` like ``cost`` on a host
+    ``factor`` times slower (its contention models too)."""
+    from schedsim.cost.model import CostModel
+
+    def rebuild(m, wake: bool):
+        return CostModel.from_profile(
+            scale_profile(m.profile, factor), spread=m.spread, extrapolate=m.extrapolate,
+            dispatch_overhead_s=m.dispatch_overhead_s * factor, dispatch_per_sample_s=m.dispatch_per_sample_s * factor,
+            max_seq_len=m.max_seq_len, power_cap=m.power_cap is not None,
+            wake_overhead_s=(None if m.wake_curve is not None else m.wake_overhead_s * factor) if wake else 0.0)
+
+    out = rebuild(cost, True)
+    if contention:
+        out.with_contention({k: rebuild(m, False) for k, m in contention.items()})
+    return out
+
+
+def resample_arrivals(trace, rng: np.random.Generator):
+    """``trace`` with its inter-arrival gaps drawn with replacement (same first arrival, same length)."""
+    t = np.asarray(trace.arrival_s, dtype=np.float64)
+    if t.size < 2:
+        return trace
+    gaps = np.diff(t)
+    new = t[0] + np.concatenate([[0.0], np.cumsum(rng.choice(gaps, size=gaps.size, replace=True))])
+    return dataclasses.replace(trace, arrival_s=new)
+
+
+def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random.Generator | None], dict],
+                 keys: tuple[str, ...], *, sigma: float = 0.0,
+                 draws: str | None = "service-time draws (a fresh seed per replication)",
+                 point: dict | None = None) -> dict:
+    """Run ``plan.replications`` replications, ``one(seed, host_factor, arrivals_rng)`` each
+    returning a summary (``draws`` says what a fresh seed redraws; None: nothing, and when
+    nothing else is redrawn either the band is ``point``, the run at ``seed``, without
+    replaying), and give ``{key}_lo`` / ``{key}_hi`` for every ``key`` of ``keys``
+    the summaries have, plus a ``band`` record saying how it was made."""
+    rng = np.random.default_rng([seed, _STREAM])
+    n = plan.replications
+    seeds = rng.integers(0, 2**31 - 1, size=n)
+    factors = np.exp(sigma * rng.standard_normal(n)) if sigma > 0 else np.ones(n)
+    if not draws and sigma == 0 and plan.arrivals == "fixed":
+        # Nothing is redrawn: every replication would repeat the run at --seed.
+        summaries = [one(seed, 1.0, None)] if point is None else [point]
+    else:
+        summaries = []
+        for i in range(n):
+            arrivals_rng = np.random.default_rng([seed, _STREAM, i]) if plan.arrivals == "resample" else None
+            summaries.append(one(int(seeds[i]), float(factors[i]), arrivals_rng))
+    out: dict = {}
+    for key in keys:
+        if all(isinstance(s.get(key), (int, float)) for s in summaries):
+            out[f"{key}_lo"], out[f"{key}_hi"] = band_edges([s[key] for s in summaries], plan.level)
+    sources = [draws] if draws else []
+    if sigma > 0:
+        sources.append(f"host speed (profile's host_variation: log-sd {sigma:.4f} per run)")
+    if plan.arrivals == "resample":
+        sources.append("arrivals (the trace's gaps resampled with replacement)")
+    if not sources:
+        sources.append("nothing varies (no spread in the cost model, no host_variation record, arrivals "
+                       "fixed): the band is the point estimate")
+    out["band"] = {
+        "level": plan.level, "replications": n, "arrivals": plan.arrivals, "host_sigma": sigma,
+        "sources": sources,
+        "method": (f"order statistics of {n} replications of the whole trace with independent draws "
+                   f"(type-6 quantiles at {(1 - plan.level) / 2:g} and {1 - (1 - plan.level) / 2:g}): "
+                   f"the range one live run of this trace lands in {plan.level:.0%} of the time"),
+    }
+    return out
+
+
+def band_text(summary: dict) -> str | None:
+    """One line saying what the printed bands are, or None when the run has none."""
+    band = summary.get("band")
+    if not isinstance(band, dict):
+        return None
+    return (f"band (in parentheses): {band['level']:.0%} of live runs of this trace land in that range "
+            f"({band['replications']} replications; {', '.join(band['sources'])})")
+
+
+def request_level_one(spec, inputs, cost, contention: dict | None = None):
+    """``one`` for :func:`compute_band` on a request-level run: simulate the (possibly
+    resampled) trace on the (possibly host-scaled) cost model and summarise it."""
+    from schedsim.core.metrics import summarize
+    from schedsim.core.policy import Requests
+    from schedsim.core.simulate import simulate
+    from schedsim.planning.fleet import simulate_spec_fleet
+
+    def one(seed: int, factor: float, arrivals_rng) -> dict:
+        run_inputs = inputs
+        if arrivals_rng is not None:
+            trace = resample_arrivals(inputs.trace, arrivals_rng)
+            run_inputs = dataclasses.replace(inputs, trace=trace, requests=Requests.from_trace(trace))
+        c = cost if factor == 1.0 else scaled_cost(cost, factor, contention)
+        if spec.replicas > 1:
+            result = simulate_spec_fleet(spec, run_inputs, c, seed=seed)
+        else:
+            result = simulate(run_inputs.requests, run_inputs.policy, c, instances=run_inputs.instances, seed=seed)
+        return summarize(result, spec.warmup_s)
+
+    return one
+
+
+def trace_duration_s(trace) -> float:
+    """Span of the trace's arrivals in seconds (0 for fewer than two)."""
+    t = trace.arrival_s
+    return float(t[-1] - t[0]) if len(t) > 1 else 0.0
+
+
+def scaled_step_cost(cost, factor: float):
+    """An LLM :class:`~schedsim.cost.step_model.StepCostModel` like ``cost`` on a host ``factor``
+    times slower: the fitted step coefficients, the serving loop's and step overheads and the
+    first-call cost scaled (a least-squares fit of latencies times f is the fit times f)."""
+    from schedsim.cost.step_model import StepCostModel
+
+    out = StepCostModel(cost.profile, dataclasses.replace(cost.fit, coefficients=np.asarray(cost.fit.coefficients) * factor),
+                        extrapolate_context=cost.extrapolate_context, bytes_per_block=cost.bytes_per_block,
+                        swap_gb_per_s=cost.swap_gb_per_s,
+                        loop_overhead_us=(cost.loop_ns[0] * factor / 1e3, cost.loop_ns[1] * factor / 1e3))
+    out.overhead_ns = cost.overhead_ns * factor
+    out.first_call_ns = cost.first_call_ns * factor
+    out.warm_tokens = cost.warm_tokens
+    return out
+
+
+def llm_one(spec, trace, requests, policy, cost, summarize_kwargs: dict):
+    """``one`` for :func:`compute_band` on an LLM run."""
+    from schedsim.core.llm_metrics import summarize_llm
+    from schedsim.core.llm_simulate import simulate_llm
+    from schedsim.core.metrics import offered_rate
+    from schedsim.core.policy import Requests
+
+    warm_ns = int(round(spec.warmup_s * 1e9))
+
+    def one(seed: int, factor: float, arrivals_rng) -> dict:
+        reqs = requests if arrivals_rng is None else Requests.from_trace(resample_arrivals(trace, arrivals_rng))
+        c = cost if factor == 1.0 else scaled_step_cost(cost, factor)
+        summary = summarize_llm(simulate_llm(reqs, policy, c, seed=seed, itl_from_ns=warm_ns), spec.warmup_s,
+                                **summarize_kwargs)
+        summary["offered_rps"] = offered_rate(reqs.arrival_ns[reqs.arrival_ns >= warm_ns])
+        return summary
+
+    return one
