@@ -189,6 +189,18 @@ class PagedKV(LLMPolicy):
             self.waiting.append(r)
 
     def schedule(self, now_ns: int) -> Step:
+        step = self._schedule_once()
+        # A priority victim may be the only request that could run: vLLM's next iteration
+        # schedules at once the rest; here that is the same step, with both preemptions.
+        while not len(step) and len(step.preempted):
+            first = step
+            step = self._schedule_once()
+            step.preempted = np.concatenate([first.preempted, step.preempted])
+            step.rejects = first.rejects + step.rejects
+            self._made = (step,) + self._made[1:]
+        return step
+
+    def _schedule_once(self) -> Step:
         p, kv, bs = self.p, self.kv, self.block_size
         prompt, generated, computed = p.prompt, p.generated, p.computed
         budget = self.max_num_batched_tokens
