@@ -18,7 +18,8 @@ import numpy as np
 
 from schedsim.errors import InputError
 from schedsim.files import write_atomically
-from schedsim.live.validation import (arrival_hash, compare_runs, err_pct, load_run_dir, pooled_metric, report_table,
+from schedsim.live.validation import (arrival_hash, band_cell, band_fields, compare_runs, err_pct, load_run_dir,
+                                      pooled_metric, print_band_line, report_table,
                                       write_report)
 
 LLM_METRICS = (  # (key in validation.json, key in summary.json, label)
@@ -92,6 +93,7 @@ def compare_llm(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
         if ci:
             row["predicted_ci"] = ci
             row["measured_in_ci"] = bool(m is not None and ci[0] <= m <= ci[1])
+        band_fields(row, sim, skey)
         out["metrics"][key] = row
         out[f"{key}_err_pct"] = row["err_pct"]
     out["ks"] = {}
@@ -205,8 +207,11 @@ def print_llm_validation(report: dict) -> None:
             r = row.get("measured_range")
             cells.append("-" if not r else f"{num(r[0])} - {num(r[1])}"
                          + (" (prediction inside)" if row.get("predicted_in_measured_range") else ""))
+        if len(table.columns) > len(cells):
+            cells += band_cell(row, num)
         table.add_row(*cells)
     console.print(table)
+    print_band_line(console, report)
     ks = ", ".join(f"{k.upper()} {v['stat']:.3f}" for k, v in report["ks"].items())
     measured = report["completed"].get("measured", report["completed"].get("measured_runs"))
     console.print(f"KS statistics: {ks}; completed {report['completed']['predicted']} predicted, "

@@ -27,8 +27,8 @@ import numpy as np
 from schedsim.errors import InputError
 from schedsim.files import write_atomically
 from schedsim.live.llm_validate import print_llm_validation, validate_llm_dirs
-from schedsim.live.validation import (arrival_hash, compare_runs, err_pct, is_llm_dir, load_run_dir, pooled_metric,
-                                      report_table, write_report)
+from schedsim.live.validation import (arrival_hash, band_cell, band_fields, compare_runs, err_pct, is_llm_dir,
+                                      load_run_dir, pooled_metric, print_band_line, report_table, write_report)
 
 METRICS = (  # (key in validation.json, key in summary.json, label)
     ("p50", "p50_ms", "latency p50 (ms)"),
@@ -60,6 +60,7 @@ def compare(sim: dict, live: dict, sim_cols: dict, live_cols: dict) -> dict:
         if ci:
             row["predicted_ci"] = ci
             row["measured_in_ci"] = bool(m is not None and ci[0] <= m <= ci[1])
+        band_fields(row, sim, skey)
         out["metrics"][key] = row
         out[f"{key}_err_pct"] = row["err_pct"]
     if lat_sim.size and lat_live.size:
@@ -162,8 +163,11 @@ def print_validation(report: dict) -> None:
             r = row.get("measured_range")
             inside = " (prediction inside)" if row.get("predicted_in_measured_range") else ""
             cells.append("-" if not r else f"{r[0]:,.3f} - {r[1]:,.3f}{inside}")
+        if len(table.columns) > len(cells):
+            cells += band_cell(row)
         table.add_row(*cells)
     console.print(table)
+    print_band_line(console, report)
     console.print(f"KS statistic {report['ks_stat']:.4f} (p = {report['ks_pvalue']:.3g}); "
                   f"completed {report['completed']['predicted']:,} predicted, {report['completed']['measured']:,} measured")
     for path in report.get("written", []):

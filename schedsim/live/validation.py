@@ -101,6 +101,57 @@ def check_same(sim: dict, live: dict, sim_cols: dict, live_cols: dict, sim_dir, 
                              f"{json.dumps(cs[key], sort_keys=True)} vs {json.dumps(cl[key], sort_keys=True)}")
 
 
+LIVE_SPREAD_Z = 1.6449
+"""z of a 90% two-sided normal range: the live runs' spread is stated as 1.645 standard
+deviations, the half-width a 90% band would need to cover them."""
+
+
+def band_fields(row: dict, summary: dict, key: str) -> None:
+    """Add the prediction band of ``summary[key]`` to a metric's ``row`` (``predicted_band``
+    and whether the measurement lies in it), when the run has one."""
+    lo, hi = summary.get(f"{key}_lo"), summary.get(f"{key}_hi")
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))):
+        return
+    m = row.get("measured")
+    row["predicted_band"] = [lo, hi]
+    row["band_level"] = (summary.get("band") or {}).get("level")
+    row["measured_in_band"] = bool(m is not None and math.isfinite(m) and lo <= m <= hi)
+
+
+def band_against_runs(row: dict, finite: list[float]) -> None:
+    """For a pooled ``row`` with a band: which live runs it covers, its coverage, its
+    half-width and the live runs' own spread, both in percent of the live median."""
+    band, m = row.get("predicted_band"), row.get("measured")
+    if not band or m is None or not finite:
+        return
+    lo, hi = band
+    row["runs_in_band"] = [bool(lo <= v <= hi) for v in finite]
+    row["band_coverage"] = float(np.mean(row["runs_in_band"]))
+    row["measured_in_band"] = bool(lo <= m <= hi)
+    scale = abs(m) if m else math.nan
+    row["band_half_width_pct"] = (hi - lo) / 2 / scale * 100
+    row["live_half_range_pct"] = (max(finite) - min(finite)) / 2 / scale * 100
+    if len(finite) > 1:
+        row["live_spread_pct"] = LIVE_SPREAD_Z * float(np.std(finite, ddof=1)) / scale * 100
+        row["band_to_live_spread"] = (row["band_half_width_pct"] / row["live_spread_pct"]
+                                      if row["live_spread_pct"] > 0 else math.inf)
+
+
+def band_coverage(metrics: dict) -> dict | None:
+    """Over every metric with a band: the share of (metric, live run) pairs inside it, the
+    share of live medians inside, and the median band half-width over the live spread."""
+    rows = [r for r in metrics.values() if r.get("runs_in_band") is not None]
+    if not rows:
+        return None
+    runs = [v for r in rows for v in r["runs_in_band"]]
+    ratios = [r["band_to_live_spread"] for r in rows if math.isfinite(r.get("band_to_live_spread", math.nan))]
+    return {"level": rows[0].get("band_level"), "runs_covered": float(np.mean(runs)),
+            "medians_covered": float(np.mean([r["measured_in_band"] for r in rows])),
+            "median_half_width_over_live_spread": float(np.median(ratios)) if ratios else None,
+            "spread_definition": f"the live runs' standard deviation x {LIVE_SPREAD_Z} (a 90% normal half-range), "
+                                 "in percent of their median"}
+
+
 def pooled_metric(rows: list[dict], err=None) -> dict:
     """One metric's row from its rows against several live runs (the same prediction in
     each): the measured value becomes the median over the runs, the error is against it
@@ -118,6 +169,7 @@ def pooled_metric(rows: list[dict], err=None) -> dict:
     row["predicted_in_measured_range"] = bool(finite and p is not None and min(finite) <= p <= max(finite))
     if row.get("predicted_ci") and m is not None:
         row["measured_in_ci"] = bool(row["predicted_ci"][0] <= m <= row["predicted_ci"][1])
+    band_against_runs(row, finite)
     return row
 
 
@@ -140,6 +192,9 @@ def compare_runs(sim_dir, live_dirs: list, load, compare_fn, pool_fn) -> tuple:
     report = reports[0] if len(reports) == 1 else pool_fn(reports)
     if len(reports) > 1:
         report["live_dirs"] = [str(d) for d in live_dirs]
+        coverage = band_coverage(report["metrics"])
+        if coverage is not None:
+            report["band"] = coverage
     return sim, sim_cols, live, live_cols, report
 
 
@@ -174,6 +229,30 @@ def report_table(report: dict, detail: str, columns: tuple) -> tuple[Console, Ta
     console.print(f"[bold]predicted {report['sim_dir']} vs measured {measured}[/bold]: "
                   f"{report['trace_requests']:,} requests, policy {report['policy']}, {detail}")
     table = Table(box=None, header_style="bold")
-    for col in columns + (("live runs' range",) if runs > 1 else ()):
+    banded = any(r.get("predicted_band") for r in report["metrics"].values())
+    for col in columns + (("live runs' range",) if runs > 1 else ()) + (("band (runs inside)",) if banded else ()):
         table.add_column(col, justify="left" if col == "metric" else "right")
     return console, table, runs
+
+
+def band_cell(row: dict, num=lambda v: f"{v:,.3f}") -> list[str]:
+    """The band column of a validation table row ([] when the report has no band at all)."""
+    band = row.get("predicted_band")
+    if not band:
+        return ["-"]
+    inside = row.get("runs_in_band")
+    count = (f"{sum(inside)}/{len(inside)}" if inside is not None
+             else ("inside" if row.get("measured_in_band") else "outside"))
+    return [f"{num(band[0])} - {num(band[1])} ({count})"]
+
+
+def print_band_line(console, report: dict) -> None:
+    """The band's coverage of the live runs, and its width against their spread."""
+    b = report.get("band")
+    if not b:
+        return
+    ratio = b.get("median_half_width_over_live_spread")
+    console.print(f"band ({b['level']:.0%}): covers {b['runs_covered']:.0%} of the live runs' figures and "
+                  f"{b['medians_covered']:.0%} of their medians; median half-width "
+                  + (f"{ratio:.2f}x" if ratio is not None else "-")
+                  + " the live runs' own spread (1.645 standard deviations)", highlight=False, soft_wrap=True)

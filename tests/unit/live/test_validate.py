@@ -145,3 +145,33 @@ def test_a_mismatched_run_among_several_is_refused_by_name(tmp_path, arrivals):
     _run_dir(tmp_path / "live1", arrivals[:-1], lambda b: 1.0)
     with pytest.raises(InputError, match="live1.*different traces"):
         validate_dirs(tmp_path / "sim", [tmp_path / "live0", tmp_path / "live1"])
+
+
+def test_band_coverage_of_several_live_runs_and_its_width_against_their_spread(tmp_path, arrivals):
+    """A prediction with a band (p99_ms_lo/hi in its summary): each live run in or out of it,
+    its coverage, its half-width and the live runs' own spread in percent of their median."""
+    _run_dir(tmp_path / "live-probe", arrivals, lambda b: 1.0 + 0.1 * b)
+    probe = json.loads((tmp_path / "live-probe" / "summary.json").read_text())
+    p99 = probe["p99_ms"]
+    band = {"p99_ms_lo": 0.97 * p99, "p99_ms_hi": 1.10 * p99, "band": {"level": 0.9}}
+    _run_dir(tmp_path / "sim", arrivals, lambda b: 1.0 + 0.1 * b, summary_extra=band)
+    lives = []
+    for i, slower in enumerate((0.95, 1.02, 1.20)):
+        s, _ = _run_dir(tmp_path / f"live{i}", arrivals, lambda b, k=slower: k * (1.0 + 0.1 * b))
+        lives.append(s["p99_ms"])
+    report = validate_dirs(tmp_path / "sim", [tmp_path / f"live{i}" for i in range(3)], out=tmp_path / "v")
+    row = report["metrics"]["p99"]
+    lo, hi = band["p99_ms_lo"], band["p99_ms_hi"]
+    assert row["predicted_band"] == [lo, hi] and row["band_level"] == 0.9
+    assert row["runs_in_band"] == [lo <= v <= hi for v in lives]
+    assert row["band_coverage"] == pytest.approx(np.mean([lo <= v <= hi for v in lives]))
+    m = float(np.median(lives))
+    assert row["measured_in_band"] is (lo <= m <= hi)
+    assert row["band_half_width_pct"] == pytest.approx((hi - lo) / 2 / m * 100)
+    assert row["live_spread_pct"] == pytest.approx(1.6449 * np.std(lives, ddof=1) / m * 100)
+    assert row["band_to_live_spread"] == pytest.approx(row["band_half_width_pct"] / row["live_spread_pct"])
+    assert report["band"]["runs_covered"] == pytest.approx(row["band_coverage"])  # the only metric with a band
+    assert report["metrics"]["p50"].get("predicted_band") is None
+    assert report["p99_err_pct"] == pytest.approx(err_pct(row["predicted"], m))   # the existing outputs stay
+    one = validate_dirs(tmp_path / "sim", tmp_path / "live0", out=tmp_path / "w")
+    assert one["metrics"]["p99"]["measured_in_band"] is (lo <= lives[0] <= hi) and "band" not in one
