@@ -125,6 +125,21 @@ Watermark = Annotated[Optional[float], typer.Option(
 LongPrefillTokenThreshold = Annotated[Optional[int], typer.Option(
     help="paged-kv: most prompt tokens one request computes per step (0 = no limit).")]
 MaxModelLen = Annotated[Optional[int], typer.Option(help="LLM: longest prompt + output (default: the model spec's).")]
+VllmCompat = Annotated[Optional[str], typer.Option(
+    help="paged-kv: follow the scheduler of vLLM current (default), 0.10 or 0.8; the flags below override (docs/vllm.md).")]
+SchedulerReserveFullIsl = Annotated[Optional[bool], typer.Option(
+    "--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl",
+    help="paged-kv: admit a request only when its whole prompt's KV blocks fit (current: on).")]
+AsyncScheduling = Annotated[Optional[bool], typer.Option(
+    "--async-scheduling/--no-async-scheduling",
+    help="paged-kv: prepare the next step while one runs, hiding host time up to the GPU time (current: on).")]
+SchedulingPolicy = Annotated[Optional[str], typer.Option(
+    help="paged-kv: fcfs, or priority (the trace's priority column, lower first; victim the lowest).")]
+EnableChunkedPrefill = Annotated[Optional[bool], typer.Option(
+    "--enable-chunked-prefill/--no-enable-chunked-prefill",
+    help="paged-kv: split prompts across steps (on), or run each whole or not at all.")]
+MaxNumPartialPrefills = Annotated[Optional[int], typer.Option(
+    help="paged-kv: most prompts partly prefilled in one step (default: no limit, as vLLM V1).")]
 Reservation = Annotated[Optional[str], typer.Option(
     help="continuous/static LLM: KV reserved per request: max, pow2 or oracle.")]
 SloTtftMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-to-first-token SLO.")]
@@ -139,7 +154,9 @@ def llm_params(**flags) -> dict:
 
 LLM_FLAGS = ("model_spec", "num_gpu_blocks", "gpu_memory_gb", "gpu_memory_utilization", "block_size",
              "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "preemption_mode",
-             "swap_space_gb", "watermark", "long_prefill_token_threshold", "max_model_len", "reservation")
+             "swap_space_gb", "watermark", "long_prefill_token_threshold", "max_model_len", "reservation",
+             "vllm_compat", "scheduler_reserve_full_isl", "async_scheduling", "scheduling_policy",
+             "enable_chunked_prefill", "max_num_partial_prefills")
 """The LLM policy flags ``run`` and ``live`` share (each command declares all of them)."""
 
 

@@ -20,8 +20,8 @@ Hooks, called by a driver in this order at each step boundary:
     at the end: counters for the summary.
 
 Declared in :class:`LLMPolicy` with defaults, and read by the drivers: ``holds_responses``,
-``kv_blocks_total``, ``block_size``, ``budget``, ``max_num_seqs``, ``max_num_batched_tokens``
-and ``kv``.
+``kv_blocks_total``, ``block_size``, ``budget``, ``max_num_seqs``, ``max_num_batched_tokens``,
+``async_scheduling`` and ``kv``.
 
 A token is *emitted* by a row in a step whose computed tokens reach all the tokens the
 request knows (prompt plus tokens generated so far); the request finishes when it has
@@ -117,6 +117,9 @@ class LLMPolicy:
     """Most rows in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
     max_num_batched_tokens: int | None = None
     """Most tokens in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
+    async_scheduling = False
+    """True when the engine prepares the next step while one runs (vLLM's async scheduling):
+    the simulator then overlaps each step's host time with its GPU time."""
     kv = None
     """The policy's own :class:`~policies.kv_cache.KVCacheManager` when it keeps block tables
     (the live driver then uses its blocks); None: the live driver allocates blocks itself."""

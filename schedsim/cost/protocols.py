@@ -84,6 +84,11 @@ class StepCost(Protocol):
     """``(context, k) -> (counts, prices)``: :meth:`decode_run_ns` run-length encoded, or None;
     with it the driver finds where a run stops without building the array."""
 
+    host_ns: "Callable[[int], int] | None" = None
+    """``rows -> ns`` of a step's host time (the engine's per-step overhead and the serving
+    loop) within ``step_ns``, which an engine with async scheduling overlaps with the GPU
+    work of the step before; None: not separable."""
+
     def step_ns(self, num_tokens: np.ndarray, context: np.ndarray, swap_blocks: int = 0) -> int:
         """Duration of one step whose rows compute ``num_tokens`` tokens each over ``context``
         cached ones, after copying ``swap_blocks`` KV blocks to or from host memory."""

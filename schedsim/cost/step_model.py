@@ -359,6 +359,13 @@ class StepCostModel:
             t = t + self._coef[-1] * real
         return t * 1e6 + self.overhead_ns + self._loop(n)
 
+    def host_ns(self, rows: int) -> int:
+        """ns of host time in a step of ``rows`` rows: the profile's ``step_overhead_us`` (unless
+        the fit holds it) and the serving loop's. With async scheduling (vLLM prepares step
+        n+1 while step n runs) a driver overlaps it with the GPU time: the step then takes
+        ``max(step_ns - host_ns, host_ns)``."""
+        return round(self.overhead_ns + self._loop(rows))
+
     def _loop(self, rows: int) -> float:
         """ns of the serving loop's host time around a step of ``rows`` rows (0.0 without it)."""
         a, b = self.loop_ns
