@@ -151,6 +151,7 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json (and plots) here.")] = None,
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
     overwrite: Annotated[bool, typer.Option(help="With --out: replace the run in a non-empty directory (its earlier files are removed first).")] = False,
+    out_format: Annotated[str, typer.Option("--format", help="With --out: the per-request table as csv (requests.csv) or parquet (requests.parquet).")] = "csv",
     json_output: o.JsonOutput = False,
     model_spec: o.ModelSpec = None,
     num_gpu_blocks: o.NumGpuBlocks = None,
@@ -197,7 +198,7 @@ def run(
         replications=replications, warmup_s=warmup_s, rate_scale=rate_scale, spread=spread,
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
-        out=out, plot=plot, overwrite=overwrite, replicas=replicas, router=router,
+        out=out, plot=plot, overwrite=overwrite, out_format=out_format, replicas=replicas, router=router,
         band=band, band_replications=band_replications, band_arrivals=band_arrivals)
     llm = o.llm_options(locals())
     outcome = execute(spec, llm)

@@ -20,7 +20,7 @@ def prepare_out_dir(path, flag: str = "--out") -> Path:
     return path
 
 
-RUN_FILES = ("summary.json", "requests.csv", "steps.csv", "latency_cdf.png", "batch_size_hist.png",
+RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet", "latency_cdf.png", "batch_size_hist.png",
              "queue_length.png", "timeline.png", "batches.csv", "live.json", "live_steps.csv",
              "validation.json", "latency_cdf_validation.png")
 """What a run (or a live run, or its validation) writes into its directory."""

@@ -172,7 +172,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         from schedsim.run.report import write_outputs  # pyarrow.csv only when writing
 
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
-                                        spec.warmup_s)
+                                        spec.warmup_s, spec.out_format)
     return outcome
 
 

@@ -51,6 +51,8 @@ class RunSpec:
     """Write PNG plots into ``out``."""
     overwrite: bool = False
     """Replace an earlier run's files in a non-empty ``out`` (refused otherwise)."""
+    out_format: str = "csv"
+    """How ``out`` holds the per-request table: csv (requests.csv) or parquet (requests.parquet)."""
     replicas: int = 1
     """Replicas behind a router, each with its own policy and ``instances`` instances."""
     router: str = "round-robin"
@@ -133,6 +135,8 @@ def check_spec(spec: RunSpec) -> None:
         raise InputError(f"--replicas: {spec.replicas} is not valid; expected an integer >= 1")
     if spec.plot and spec.out is None:
         raise InputError("--plot: needs --out DIR to write the plots into")
+    if spec.out_format not in ("csv", "parquet"):
+        raise InputError(f"--format: {spec.out_format!r} is not valid; expected csv or parquet")
 
 
 def policy_config(spec: RunSpec, inputs: RunInputs) -> dict:
