@@ -136,14 +136,19 @@ class PagedKV(LLMPolicy):
         self.threshold = int(long_prefill_token_threshold)
         self.kv_blocks_total = self.budget.num_blocks - 1  # block 0 is vLLM's null block
 
+    # The switches under vLLM's names (what a run's summary records as its effective settings).
+    enable_prefix_caching = property(lambda self: self.prefix_caching)
+    scheduler_reserve_full_isl = property(lambda self: self.reserve_full_isl)
+    enable_chunked_prefill = property(lambda self: self.chunked_prefill)
+    long_prefill_token_threshold = property(lambda self: self.threshold)
+    max_num_partial_prefills = property(lambda self: self.max_partial or None)
+
     def settings(self) -> dict:
-        """The vLLM switches this policy runs with, defaults resolved (for the summary)."""
-        return {"vllm_compat": self.vllm_compat, "scheduler_reserve_full_isl": self.reserve_full_isl,
-                "async_scheduling": self.async_scheduling, "scheduling_policy": self.scheduling_policy,
-                "enable_chunked_prefill": self.chunked_prefill, "enable_prefix_caching": self.prefix_caching,
-                "long_prefill_token_threshold": self.threshold,
-                "max_num_partial_prefills": self.max_partial or None,
-                "max_num_batched_tokens": self.max_num_batched_tokens}
+        """The vLLM switches this policy runs with, defaults resolved."""
+        return {name: getattr(self, name) for name in (
+            "vllm_compat", "scheduler_reserve_full_isl", "async_scheduling", "scheduling_policy",
+            "enable_chunked_prefill", "enable_prefix_caching", "long_prefill_token_threshold",
+            "max_num_partial_prefills", "max_num_batched_tokens")}
 
     def reset(self, requests) -> None:
         super().reset(requests)
