@@ -45,7 +45,7 @@ from policies.kv_cache import KVCacheManager
 from policies.llm_common import (BlockKeys, PriorityWaiting, Progress, Waiting, check_token_columns,
                                  make_step, rejects)
 from schedsim.errors import InputError
-from schedsim.core.llm_policy import LLMPolicy, Step, kv_budget
+from schedsim.core.llm_policy import LLMPolicy, SpeculativeConfig, Step, kv_budget
 
 VLLM_COMPAT = {
     "0.8": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=False,
@@ -72,7 +72,7 @@ class PagedKV(LLMPolicy):
                  max_model_len: int | None = None, vllm_compat: str = "current",
                  scheduler_reserve_full_isl: bool | None = None, async_scheduling: bool | None = None,
                  scheduling_policy: str = "fcfs", enable_chunked_prefill: bool = True,
-                 max_num_partial_prefills: int | None = None):
+                 max_num_partial_prefills: int | None = None, speculative_config=None):
         if vllm_compat not in VLLM_COMPAT:
             raise InputError(f"--vllm-compat: {vllm_compat!r} is not valid; expected one of "
                              f"{', '.join(VLLM_COMPAT)}")
@@ -89,6 +89,7 @@ class PagedKV(LLMPolicy):
         if long_prefill_token_threshold < 0:
             raise InputError(f"--long-prefill-token-threshold: {long_prefill_token_threshold} must be >= 0")
         self.vllm_compat = vllm_compat
+        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
         self.chunked_prefill = bool(enable_chunked_prefill)
         given_tokens = max_num_batched_tokens
 
@@ -163,6 +164,10 @@ class PagedKV(LLMPolicy):
         self.length_capped = 0
         self.prio = requests.priority.astype(np.int64).tolist() if self.priority else None
         self.arrival = requests.arrival_ns.tolist() if self.priority else None
+        spec = self.speculative
+        self.k = spec.num_speculative_tokens if spec else 0
+        self.rng = np.random.default_rng(spec.seed) if spec else None
+        self.drafted = self.accepted = 0
         self.swapped = Waiting()
         self.keys: dict[int, BlockKeys] = {}
         self.too_long: list[int] = []
@@ -211,11 +216,13 @@ class PagedKV(LLMPolicy):
         budget = self.max_num_batched_tokens
         cap = self.cap  # tokens each request's blocks hold: skips the manager on most decodes
         threshold, prefix_caching = self.threshold, self.prefix_caching
+        k, limit = self.k, min(self.max_len, self.max_tokens_in_gpu)
         rows, ntok, ctx, emit = [], [], [], []
         preempted: list[int] = []
         running = self.running
         partial_limit = self.max_partial
         partial = 0   # rows of this step still computing prompt tokens (--max-num-partial-prefills)
+        partial_rows: set[int] = set()
         skipped = False
         i = 0
         while i < len(running) and budget > 0:
@@ -229,6 +236,9 @@ class PagedKV(LLMPolicy):
                     i += 1
                     continue
                 partial += 1
+                partial_rows.add(r)
+            if k and n == 1:   # a decode: verify its token and k draft tokens, with KV slots for all
+                n = min(1 + k, limit - c)
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -245,7 +255,7 @@ class PagedKV(LLMPolicy):
                             if victim in rows:
                                 j = rows.index(victim)
                                 budget += ntok[j]
-                                if partial_limit and ntok[j] > 1:
+                                if victim in partial_rows:
                                     partial -= 1
                                 del rows[j], ntok[j], ctx[j], emit[j]
                     else:
@@ -257,9 +267,9 @@ class PagedKV(LLMPolicy):
                 else:
                     cap[r] = -(-end // bs) * bs
             if end <= cap[r]:
-                if prefix_caching and end // bs > c // bs:
-                    self._cache_full_blocks(r, end // bs)
-                rows.append(r); ntok.append(n); ctx.append(c); emit.append(end == known)
+                if prefix_caching and end // bs > c // bs:   # (only verified tokens are cached)
+                    self._cache_full_blocks(r, min(end, known) // bs)
+                rows.append(r); ntok.append(n); ctx.append(c); emit.append(end >= known)
                 budget -= n
                 i += 1
                 continue
@@ -311,6 +321,10 @@ class PagedKV(LLMPolicy):
                 budget -= n
                 admitted = True
         repeat = 1
+        spec = {}
+        if k:   # each verifying row's accepted draft tokens, drawn now (the engine's outcome)
+            spec = self._accept(rows, ntok, ctx, emit)
+            all_running = False   # no two steps alike: never repeated
         # Identical steps follow only when every row decodes: a one-token prefill chunk (a
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
         if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
@@ -321,6 +335,13 @@ class PagedKV(LLMPolicy):
                          kv_blocks_used=kv.num_used_blocks, waiting=len(self.waiting) + len(self.swapped))
         if preempted:
             step.preempted = np.array(preempted, dtype=np.int64)
+        if k:
+            step.emit_tokens = np.array([spec.get(r, 1 if e else 0) for r, e in zip(rows, emit)], dtype=np.int32)
+            step.draft_tokens = k
+            # Only decodes and verifications (each row's tokens past its known ones are drafts).
+            step.verify_only = bool(rows) and all(
+                c + 1 >= p.prompt[r] + p.generated[r] for r, c in zip(rows, ctx))
+        self._spec = spec
         self._made = (step, rows, ntok, ctx, emit)   # on_step_done reads these, not the arrays back
         self.too_long = []
         self._swapped_out_now = 0
@@ -340,6 +361,19 @@ class PagedKV(LLMPolicy):
                 generated[r] += repeats
                 if c > cap[r]:
                     cap[r] = -(-c // bs) * bs
+        elif self.k:
+            spec = self._spec if step is made else {
+                r: int(t) for r, n, c, t in zip(rows, ntok, ctx, step.emit_tokens.tolist())
+                if c + n > p.prompt[r] + generated[r]}
+            for r, n, e in zip(rows, ntok, emit):
+                t = spec.get(r)
+                if t is None:
+                    computed[r] += n
+                    if e:
+                        generated[r] += 1
+                else:   # a verified row: its accepted tokens and the one sampled after them
+                    computed[r] += t
+                    generated[r] += t
         else:
             for r, n, e in zip(rows, ntok, emit):
                 computed[r] += n
@@ -364,6 +398,9 @@ class PagedKV(LLMPolicy):
     def stats(self) -> dict:
         return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
                 "length_capped": self.length_capped,
+                **({"spec_draft_tokens": self.drafted, "spec_accepted_tokens": self.accepted,
+                    "spec_acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
+                   if self.k else {}),
                 "output_tokens_per_request": np.asarray(self.p.output, dtype=np.int64),
                 "swap_fallbacks_to_recompute": self.swap_fallbacks,
                 "prefix_hit_tokens_per_request": self.hit_tokens,
@@ -411,6 +448,27 @@ class PagedKV(LLMPolicy):
         self.cap[victim] = 0
         self.p.computed[victim] = 0
         self.waiting.appendleft(victim)
+
+    _spec: dict = {}
+
+    def _accept(self, rows: list, ntok: list, ctx: list, emit: list) -> dict:
+        """Tokens each verifying row emits: 1 + its accepted draft tokens, at most what it has
+        left. A row's i-th draft is accepted when one uniform draw falls below the i-th
+        per-position rate (non-increasing, so the accepted ones are a prefix)."""
+        p, acceptance, out = self.p, self.speculative.acceptance, {}
+        for r, n, c in zip(rows, ntok, ctx):
+            known = p.prompt[r] + p.generated[r]
+            drafts = c + n - known
+            if drafts <= 0:
+                continue
+            u = self.rng.random()
+            m = 0
+            while m < drafts and u < acceptance[m]:
+                m += 1
+            self.drafted += drafts
+            self.accepted += m
+            out[r] = min(1 + m, p.output[r] - p.generated[r])
+        return out
 
     def _priority_victim(self) -> int:
         """The running request vLLM's priority scheduler preempts: the largest (priority, arrival)."""

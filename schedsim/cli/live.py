@@ -255,6 +255,7 @@ def live(
     scheduling_policy: o.SchedulingPolicy = None,
     enable_chunked_prefill: o.EnableChunkedPrefill = None,
     max_num_partial_prefills: o.MaxNumPartialPrefills = None,
+    speculative_config: o.SpeculativeConfig = None,
     slo_ttft_ms: o.SloTtftMs = None,
     slo_tpot_ms: o.SloTpotMs = None,
     slo_e2e_ms: o.SloE2eMs = None,

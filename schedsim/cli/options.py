@@ -140,6 +140,9 @@ EnableChunkedPrefill = Annotated[Optional[bool], typer.Option(
     help="paged-kv: split prompts across steps (on), or run each whole or not at all.")]
 MaxNumPartialPrefills = Annotated[Optional[int], typer.Option(
     help="paged-kv: most prompts partly prefilled in one step (default: no limit, as vLLM V1).")]
+SpeculativeConfig = Annotated[Optional[str], typer.Option(
+    help='paged-kv: speculative decoding as JSON, e.g. \'{"method": "eagle", "num_speculative_tokens": 3, '
+         '"acceptance_rate": 0.7}\' (or "acceptance_profile": [...]; "draft_profile": a step profile).')]
 Reservation = Annotated[Optional[str], typer.Option(
     help="continuous/static LLM: KV reserved per request: max, pow2 or oracle.")]
 SloTtftMs = Annotated[Optional[float], typer.Option(help="LLM goodput: time-to-first-token SLO.")]
@@ -156,7 +159,7 @@ LLM_FLAGS = ("model_spec", "num_gpu_blocks", "gpu_memory_gb", "gpu_memory_utiliz
              "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "preemption_mode",
              "swap_space_gb", "watermark", "long_prefill_token_threshold", "max_model_len", "reservation",
              "vllm_compat", "scheduler_reserve_full_isl", "async_scheduling", "scheduling_policy",
-             "enable_chunked_prefill", "max_num_partial_prefills")
+             "enable_chunked_prefill", "max_num_partial_prefills", "speculative_config")
 """The LLM policy flags ``run`` and ``live`` share (each command declares all of them)."""
 
 

@@ -21,7 +21,7 @@ Hooks, called by a driver in this order at each step boundary:
 
 Declared in :class:`LLMPolicy` with defaults, and read by the drivers: ``holds_responses``,
 ``kv_blocks_total``, ``block_size``, ``budget``, ``max_num_seqs``, ``max_num_batched_tokens``,
-``async_scheduling`` and ``kv``.
+``async_scheduling``, ``speculative`` and ``kv``.
 
 A token is *emitted* by a row in a step whose computed tokens reach all the tokens the
 request knows (prompt plus tokens generated so far); the request finishes when it has
@@ -30,11 +30,13 @@ emitted its ``output_tokens``. Times are integer nanoseconds.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from schedsim.core.policy import Reject, Requests
+from schedsim.errors import InputError
 # Part of the interface: an LLM policy sizes its KV cache from a model spec and vLLM's memory
 # arguments with kv_budget, so policies/ imports only the policy interfaces.
 from schedsim.cost.kv_budget import KVBudget, kv_budget  # noqa: F401
@@ -77,6 +79,16 @@ class Step:
     """GPU KV blocks held by requests once this step's blocks are allocated."""
     waiting: int = 0
     """Requests waiting (arrived, not running) after this step was formed."""
+    emit_tokens: np.ndarray | None = None
+    """int32 tokens each row emits at the end of the step (speculative decoding: the accepted
+    draft tokens plus one; 0 where it emits nothing); None: one per row that ``emits``."""
+    verify_only: bool = False
+    """Every row decodes, some verifying draft tokens: the engine runs it as a uniform-decode
+    CUDA graph, and the simulator prices it as a decode step of one row per token (a row of
+    n tokens over context c as n rows over c, c + 1, ..., c + n - 1)."""
+    draft_tokens: int = 0
+    """Draft tokens proposed after this step for each row that emits (speculative decoding:
+    the draft model's work, priced apart from the step's forward pass)."""
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -84,6 +96,92 @@ class Step:
     @property
     def decode_only(self) -> bool:
         return bool(len(self)) and bool((self.num_tokens == 1).all())
+
+
+SPEC_METHODS = ("ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "draft_model")
+DEFAULT_DRAFT_FRACTION = {"ngram": 0.0, "suffix": 0.0, "draft_model": 0.2}
+"""A draft token's cost as a share of a target decode step of the same rows, where no draft
+profile is given: proposers that match the prompt's n-grams run on the host (0); a separate
+draft model 0.2; a head on the target (EAGLE, MTP, Medusa) 0.1 (the default). Stated in a
+run's notes whenever used: a guess to replace with a measured draft profile."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``--speculative-config`` (method, num_speculative_tokens) plus how often drafts
+    are accepted, which the simulator needs and vLLM measures."""
+
+    method: str
+    """The proposer: ngram, suffix, eagle, eagle3, mtp, medusa or draft_model."""
+    num_speculative_tokens: int
+    """Draft tokens proposed per request per step (k)."""
+    acceptance: tuple[float, ...]
+    """Per-position acceptance rates, as vLLM reports them: the share of steps whose i-th
+    draft token was accepted (all before it accepted too); non-increasing, one per position."""
+    draft_profile: str | None = None
+    """A step profile of the draft model, to price its k steps; None: ``draft_cost_fraction``."""
+    draft_cost_fraction: float | None = None
+    """A draft token's cost as a share of a target decode step (None: the method's default,
+    :data:`DEFAULT_DRAFT_FRACTION`)."""
+    seed: int = 0
+    """Seed of the acceptance draws (one uniform per verifying row per step)."""
+
+    @property
+    def draft_fraction(self) -> float:
+        if self.draft_cost_fraction is not None:
+            return self.draft_cost_fraction
+        return DEFAULT_DRAFT_FRACTION.get(self.method, 0.1)
+
+    @classmethod
+    def parse(cls, value) -> "SpeculativeConfig":
+        """From the JSON text (or dict) of ``--speculative-config``: ``method``,
+        ``num_speculative_tokens``, and ``acceptance_rate`` (each draft token accepted with
+        this probability given the ones before it were) or ``acceptance_profile`` (the
+        per-position rates); optional ``draft_profile``, ``draft_cost_fraction``, ``seed``."""
+        def bad(what: str):
+            return InputError(f"--speculative-config: {what}")
+
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise bad(f"not JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(value, dict):
+            raise bad(f"{value!r} is not a JSON object")
+        known = {"method", "num_speculative_tokens", "acceptance_rate", "acceptance_profile",
+                 "draft_profile", "draft_cost_fraction", "seed", "model"}
+        extra = sorted(set(value) - known)
+        if extra:
+            raise bad(f"unknown field {extra[0]!r}; expected {', '.join(sorted(known))}")
+        method = value.get("method")
+        if method not in SPEC_METHODS:
+            raise bad(f"method {method!r} is not valid; expected one of {', '.join(SPEC_METHODS)}")
+        k = value.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise bad(f"num_speculative_tokens {k!r} is not valid; expected an integer >= 1")
+        rate, profile = value.get("acceptance_rate"), value.get("acceptance_profile")
+        if (rate is None) == (profile is None):
+            raise bad("give one of acceptance_rate (0..1) or acceptance_profile (one rate per position)")
+        if rate is not None:
+            if not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+                raise bad(f"acceptance_rate {rate!r} is not valid; expected a number in [0, 1]")
+            acceptance = tuple(float(rate) ** (i + 1) for i in range(k))
+        else:
+            if (not isinstance(profile, list) or len(profile) != k
+                    or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in profile)):
+                raise bad(f"acceptance_profile {profile!r} is not valid; expected {k} numbers in [0, 1]")
+            if any(b > a for a, b in zip(profile, profile[1:])):
+                raise bad(f"acceptance_profile {profile!r} increases; a position is accepted only "
+                          "when every one before it is")
+            acceptance = tuple(float(a) for a in profile)
+        fraction = value.get("draft_cost_fraction")
+        if fraction is not None and (not isinstance(fraction, (int, float)) or fraction < 0):
+            raise bad(f"draft_cost_fraction {fraction!r} is not valid; expected a number >= 0")
+        seed = value.get("seed", 0)
+        if not isinstance(seed, int) or seed < 0:
+            raise bad(f"seed {seed!r} is not valid; expected an integer >= 0")
+        return cls(method, k, acceptance, value.get("draft_profile"),
+                   None if fraction is None else float(fraction), seed)
 
 
 def int_max(a: np.ndarray) -> int:
@@ -117,6 +215,8 @@ class LLMPolicy:
     """Most rows in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
     max_num_batched_tokens: int | None = None
     """Most tokens in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding, when the policy runs it: rows verify several tokens a step."""
     async_scheduling = False
     """True when the engine prepares the next step while one runs (vLLM's async scheduling):
     the simulator then overlaps each step's host time with its GPU time."""

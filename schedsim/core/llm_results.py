@@ -83,10 +83,14 @@ class TokenTimes:
 
 
 def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, start: np.ndarray,
-                first_end: np.ndarray, end: np.ndarray, repeats: np.ndarray) -> TokenTimes:
+                first_end: np.ndarray, end: np.ndarray, repeats: np.ndarray,
+                emit_tokens: np.ndarray | None = None) -> TokenTimes:
     """Per-request token times from a step log: ``rows``/``emits`` of every record
     concatenated, ``rec`` the record of each entry; per record its ``start``, the end of
-    its first step (``first_end``), its ``end`` and how many identical steps it stands for."""
+    its first step (``first_end``), its ``end`` and how many identical steps it stands for.
+    ``emit_tokens`` (speculative decoding): tokens each entry emits, None: one per emitting
+    entry. Tokens a step emits together arrive together: one inter-token gap per step that
+    emits (as vLLM's benchmark counts one per streamed chunk)."""
     first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     uniq, idx = np.unique(rows, return_index=True)
     first_seen[uniq] = rec[idx]
@@ -98,7 +102,8 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     er, erec = rows[emits], rec[emits]
     order = np.lexsort((erec, er))
     er, erec = er[order], erec[order]
-    tokens_out = np.bincount(er, weights=repeats[erec], minlength=n).astype(np.int64)
+    weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[emits][order]
+    tokens_out = np.bincount(er, weights=weights, minlength=n).astype(np.int64)
     first_of_row = np.ones(er.size, bool)
     first_of_row[1:] = er[1:] != er[:-1]
     last_of_row = np.ones(er.size, bool)

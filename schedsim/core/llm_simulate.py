@@ -53,6 +53,9 @@ class _Driver:
         # Async scheduling (vLLM prepares step n+1 while step n runs): a step's host time is
         # hidden behind the GPU time, up to it: a step takes max(gpu, host).
         self.host_ns = cost.host_ns if policy.async_scheduling else None
+        # Speculative decoding: tokens per row of each step, and the draft proposer's time.
+        self.emit_tokens: list | None = [] if policy.speculative is not None else None
+        self.draft_ns = cost.draft_ns
         cost.begin_run()   # a cost model with state across steps (first calls) starts afresh
         self.n = n
         self.arrival_ns = requests.arrival_ns
@@ -160,8 +163,20 @@ class _Driver:
             first_end = now + price
         else:
             repeats = 1
-            total = first_end = int(self.cost.step_ns(step.num_tokens, step.context,
-                                                      step.swap_out_blocks + step.swap_in_blocks))
+            if step.verify_only:   # one decode row per token verified
+                tokens = step.num_tokens.astype(np.int64)
+                offsets = np.arange(int(tokens.sum())) - np.repeat(np.cumsum(tokens) - tokens, tokens)
+                context = (np.repeat(step.context, tokens) + offsets).astype(np.int32)
+                total = int(self.cost.step_ns(np.ones(context.shape[0], np.int32), context,
+                                              step.swap_out_blocks + step.swap_in_blocks))
+            else:
+                total = int(self.cost.step_ns(step.num_tokens, step.context,
+                                              step.swap_out_blocks + step.swap_in_blocks))
+            first_end = total
+            if step.draft_tokens and self.draft_ns is not None and step.emits.any():
+                # The proposer drafts for every row that sampled, over its context after the step.
+                after = (step.context + step.num_tokens)[step.emits]
+                total = first_end = total + int(self.draft_ns(after, step.draft_tokens))
             if self.host_ns is not None:
                 h = self.host_ns(rows.shape[0])
                 total = first_end = max(total - h, h)
@@ -170,6 +185,8 @@ class _Driver:
         self.log.append((now, now + total, first_end, repeats, rows.shape[0], step.kv_blocks_used,
                          step.waiting, step.preempted.shape[0]))
         self.columns.add(step)
+        if self.emit_tokens is not None:
+            self.emit_tokens.append(step.emits.astype(np.int32) if step.emit_tokens is None else step.emit_tokens)
         self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
 
@@ -202,7 +219,10 @@ class _Driver:
         rows, tokens, emits = self.columns.arrays()
         tokens = tokens.astype(np.int64)
 
-        t = token_times(n, rows, rec, emits, start, first_end, end, repeats)
+        counts = None
+        if self.emit_tokens is not None:
+            counts = np.concatenate(self.emit_tokens).astype(np.int64) if self.emit_tokens else np.empty(0, np.int64)
+        t = token_times(n, rows, rec, emits, start, first_end, end, repeats, counts)
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.

@@ -89,6 +89,10 @@ class StepCost(Protocol):
     loop) within ``step_ns``, which an engine with async scheduling overlaps with the GPU
     work of the step before; None: not separable."""
 
+    draft_ns: "Callable[[np.ndarray, int], int] | None" = None
+    """``(context, k) -> ns`` the speculative-decoding proposer takes to draft ``k`` tokens
+    for rows with these contexts; None: drafting is free."""
+
     def step_ns(self, num_tokens: np.ndarray, context: np.ndarray, swap_blocks: int = 0) -> int:
         """Duration of one step whose rows compute ``num_tokens`` tokens each over ``context``
         cached ones, after copying ``swap_blocks`` KV blocks to or from host memory."""

@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -108,7 +109,7 @@ from schedsim.cost.llm_shapes import context_blocks, graph_batch
 from schedsim.cost.step_fit import (GPU_BOUND_SERIAL_FEATURE, KV_FEATURE, SERIAL_FEATURE, StepFit, combine,
                                     fit_step_profile, gpu_bound_serial_keys, kv_quantum, real_kv_tokens, round_up,
                                     serial_keys, step_features, stored_fit)
-from schedsim.cost.step_profile import LOOP_KEYS, StepProfile
+from schedsim.cost.step_profile import LOOP_KEYS, StepProfile, load_step_profile
 from schedsim.errors import InputError
 
 
@@ -358,6 +359,40 @@ class StepCostModel:
         if self._real_kv:   # the last term of combine's sum, added last as there: the same float
             t = t + self._coef[-1] * real
         return t * 1e6 + self.overhead_ns + self._loop(n)
+
+    draft = None
+    """The draft model's :class:`StepCostModel` (speculative decoding), or None."""
+    draft_fraction = 0.1
+    """Without :attr:`draft`: a draft token costs this share of a decode step of the same rows."""
+
+    def price_drafts(self, spec) -> str | None:
+        """Price the drafts of ``spec`` (a :class:`~schedsim.core.llm_policy.SpeculativeConfig`,
+        or None): from its ``draft_profile``, or as a share of a target decode step; returns
+        the note a run prints when that share is a default rather than a measurement."""
+        if spec is None:
+            return None
+        if spec.draft_profile:
+            if not Path(spec.draft_profile).exists():
+                raise InputError(f"--speculative-config: draft_profile {spec.draft_profile}: no such step profile")
+            self.draft = StepCostModel.from_profile(load_step_profile(spec.draft_profile))
+            return None
+        self.draft_fraction = spec.draft_fraction
+        if spec.draft_cost_fraction is not None:
+            return None
+        return (f"speculative decoding ({spec.method}, {spec.num_speculative_tokens} draft tokens): no "
+                f"draft_profile given, so each draft token is priced at {spec.draft_fraction:g} of a "
+                f"target decode step of the same rows (the method's default); give draft_profile or "
+                f"draft_cost_fraction in --speculative-config to set it")
+
+    def draft_ns(self, context: np.ndarray, k: int) -> int:
+        """ns to draft ``k`` tokens for rows over ``context`` tokens: ``k`` decode steps of the
+        draft model (:attr:`draft`), or ``k x draft_fraction`` of this model's decode step."""
+        if self.draft is not None:
+            return int(self.draft.decode_run_ns(context.astype(np.int32), k).sum())
+        if not self.draft_fraction:
+            return 0
+        ones = np.ones(context.shape[0], dtype=np.int32)
+        return round(k * self.draft_fraction * self.step_ns(ones, context.astype(np.int32)))
 
     def host_ns(self, rows: int) -> int:
         """ns of host time in a step of ``rows`` rows: the profile's ``step_overhead_us`` (unless

@@ -59,6 +59,7 @@ from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, 
 from schedsim.core.llm_policy import Step
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import COMPLETED, FAILED, QUEUED, RUNNING, PolicyError
+from schedsim.errors import InputError
 
 STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
                 "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "decode_kv_tokens", "graph",
@@ -428,6 +429,9 @@ class _Driver:
     def __init__(self, requests: Requests, policy, engine, *, seed: int, spin_ns: int, clock):
         from policies.kv_cache import KVCacheManager
 
+        if policy.speculative is not None:
+            raise InputError("--speculative-config: speculative decoding is simulated only; the live "
+                             "engines run no draft model (run it with schedsim run)")
         n = len(requests)
         self.req, self.policy, self.engine, self.n = requests, policy, engine, n
         self.clock, self.spin_ns = clock, int(spin_ns)

@@ -67,6 +67,7 @@ def execute_llm(spec, options: LLMOptions, trace):
                          f"`schedsim profile llm` or pass --profile")
     profile = load_step_profile(profile_path)
     cost = StepCostModel.from_profile(profile)
+    spec_note = cost.price_drafts(policy.speculative)   # speculative decoding's draft model
     budget = getattr(policy, "budget", None)
     if budget is not None:
         cost.bytes_per_block = budget.block_size * budget.spec.kv_bytes_per_token
@@ -90,6 +91,7 @@ def execute_llm(spec, options: LLMOptions, trace):
                 LLM_KEYS, sigma=host_sigma(profile.meta, trace_duration_s(trace)), draws=None,
                 point=summaries[0])
     notes = sorted({str(w.message) for w in caught}) + ([band_note] if band_note else [])
+    notes += [spec_note] if spec_note else []
     for one in summaries:
         arrival_ns = requests.arrival_ns
         one["offered_rps"] = offered_rate(arrival_ns[arrival_ns >= int(round(spec.warmup_s * 1e9))])
