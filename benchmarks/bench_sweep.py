@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--cells", type=int, default=100, help="a multiple of 5 (default 100)")
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_sweep.json")
     args = ap.parse_args()
 
     from schedsim.planning.grid import parse_grid
@@ -66,6 +67,8 @@ def main() -> None:
 
     timed("serial", workers=1)
     timed("local", executor="local", workers=cores)
+    figures["local_over_serial"] = figures["runs"]["serial"]["wall_s"] / figures["runs"]["local"]["wall_s"]
+    print(f"{'local / serial':>16}: {figures['local_over_serial']:7.2f}x", flush=True)
     if not args.no_ray:
         import ray
 
@@ -84,9 +87,9 @@ def main() -> None:
     figures["same_bytes_as_serial"] = same
     print("same sweep.csv and best.json as serial:", same)
     figures["machine"] = {"cpu": _cpu(), "python": platform.python_version(), "platform": platform.platform()}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_sweep.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {RESULTS / 'bench_sweep.json'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 def _cpu() -> str:

@@ -102,8 +102,10 @@ class PowerCap:
 class GpuClock:
     """One GPU's service-time factor over simulated time (nanoseconds).
 
-    :meth:`launch` runs once per batch, so it keeps the state in plain attributes and
-    memoises the per-size factors (about 0.8 µs a batch on benchmarks/bench_run.py)."""
+    :meth:`launch` runs once per batch, so it keeps the state in slots and memoises the
+    per-size factors (about 0.8 µs a batch on benchmarks/bench_run.py)."""
+
+    __slots__ = ("cap", "factor", "at_ns", "busy_until", "busy_target", "_rise", "_fall", "_idle", "_sizes")
 
     def __init__(self, cap: PowerCap):
         self.cap = cap
@@ -111,7 +113,7 @@ class GpuClock:
         self.at_ns = 0
         self.busy_until = 0       # the GPU runs batches until then ...
         self.busy_target = 1.0    # ... pulling the factor toward this
-        self._rise, self._fall = cap.tau_rise_ns, cap.tau_fall_ns
+        self._rise, self._fall, self._idle = cap.tau_rise_ns, cap.tau_fall_ns, cap.idle_factor
         self._sizes: dict[int, tuple[float, float]] = {}  # samples -> (steady, table factor)
 
     def launch(self, now: int, samples: int) -> float:
@@ -129,7 +131,7 @@ class GpuClock:
                 f = target + (f - target) * math.exp((t - busy_end) / (self._rise if target > f else self._fall))
                 t = busy_end
             if now > t:
-                idle = self.cap.idle_factor
+                idle = self._idle
                 f = idle + (f - idle) * math.exp((t - now) / (self._rise if idle > f else self._fall))
             self.factor, self.at_ns = f, now
         sizes = self._sizes.get(samples)
