@@ -42,30 +42,44 @@ def strings(values) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
 
 
-def request_table(result: SimResult, request_id: np.ndarray) -> pa.Table:
-    """The per-request table with seconds and milliseconds, nulls for 'did not happen'."""
-    req = result.requests
-    started = result.start_ns >= 0
-    ended = result.end_ns >= 0
+def request_table(result: SimResult, request_id: np.ndarray, start: int = 0, stop: int | None = None) -> pa.Table:
+    """The per-request table with seconds and milliseconds, nulls for 'did not happen'
+    (rows ``start`` to ``stop``: all by default)."""
+    rows = slice(start, stop)
+    arrival, start_ns, end_ns = result.requests.arrival_ns[rows], result.start_ns[rows], result.end_ns[rows]
+    started = start_ns >= 0
+    ended = end_ns >= 0
     return pa.table({
-        "request_id": arrow(request_id),
-        "arrival_s": arrow(req.arrival_ns / 1e9),
-        "start_s": arrow(result.start_ns / 1e9, started),
-        "end_s": arrow(result.end_ns / 1e9, ended),
-        "latency_ms": arrow((result.end_ns - req.arrival_ns) / 1e6, ended & started),
-        "queue_ms": arrow((result.start_ns - req.arrival_ns) / 1e6, started),
-        "batch_size": arrow(result.batch_size, started),
-        "instance": arrow(result.instance, started),
-        "status": pa.DictionaryArray.from_arrays(arrow(result.status.astype(np.int32)), strings(STATUS_NAMES)),
+        "request_id": arrow(request_id[rows]),
+        "arrival_s": arrow(arrival / 1e9),
+        "start_s": arrow(start_ns / 1e9, started),
+        "end_s": arrow(end_ns / 1e9, ended),
+        "latency_ms": arrow((end_ns - arrival) / 1e6, ended & started),
+        "queue_ms": arrow((start_ns - arrival) / 1e6, started),
+        "batch_size": arrow(result.batch_size[rows], started),
+        "instance": arrow(result.instance[rows], started),
+        "status": pa.DictionaryArray.from_arrays(arrow(result.status[rows].astype(np.int32)), strings(STATUS_NAMES)),
     })
 
 
-def write_csv(table: pa.Table, path) -> None:
+class TableParts:
+    """A table built a slice at a time, for writing: ``num_rows`` and ``slice(offset, length)``
+    as :class:`pyarrow.Table` has them, so that only the slices being written are in memory."""
+
+    def __init__(self, num_rows: int, build):
+        self.num_rows, self._build = num_rows, build
+
+    def slice(self, offset: int = 0, length: int | None = None) -> pa.Table:
+        stop = self.num_rows if length is None else min(offset + length, self.num_rows)
+        return self._build(offset, stop)
+
+
+def write_csv(table: pa.Table | TableParts, path) -> None:
     """``table`` as CSV, the bytes pyarrow's writer gives, formatted by chunks of rows on every
     core (the writer formats on one thread: 2,000,000 requests took 1.5-2 s) and written in order."""
     workers = min(os.cpu_count() or 1, -(-table.num_rows // _CHUNK_ROWS))
     if workers <= 1:
-        pacsv.write_csv(table, path)
+        pacsv.write_csv(table.slice(0, table.num_rows), path)
         return
 
     def chunk(start: int) -> pa.Buffer:
@@ -84,13 +98,17 @@ def write_csv(table: pa.Table, path) -> None:
                 pending.append(pool.submit(chunk, start))
 
 
-def write_table(table: pa.Table, path, fmt: str = "csv") -> None:
-    if fmt == "parquet":
-        import pyarrow.parquet as pq  # lazy: only for --format parquet
-
-        pq.write_table(table, path)
-    else:
+def write_table(table: pa.Table | TableParts, path, fmt: str = "csv") -> None:
+    if fmt == "csv":
         write_csv(table, path)
+        return
+    import pyarrow.parquet as pq  # lazy: only for --format parquet
+
+    part = table.slice(0, _CHUNK_ROWS)
+    with pq.ParquetWriter(path, part.schema) as writer:
+        writer.write_table(part)
+        for start in range(_CHUNK_ROWS, table.num_rows, _CHUNK_ROWS):
+            writer.write_table(table.slice(start, _CHUNK_ROWS))
 
 
 def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summary: dict,
@@ -101,12 +119,13 @@ def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summ
 
         return write_plots(out_dir, result, warmup_s, write_atomically)
 
-    return write_run_dir(out_dir, [("requests.csv", request_table(result, request_id))], summary,
-                         plots if plot else None, fmt)
+    table = TableParts(len(result.requests), lambda start, stop: request_table(result, request_id, start, stop))
+    return write_run_dir(out_dir, [("requests.csv", table)], summary, plots if plot else None, fmt)
 
 
 def write_run_dir(out_dir, tables, summary: dict, plots=None, fmt: str = "csv") -> list[Path]:
-    """Write each ``(name, pyarrow table)`` of ``tables`` as a CSV (``fmt`` "parquet": as NAME.parquet),
+    """Write each ``(name, table)`` of ``tables`` (a pyarrow table or :class:`TableParts`) as a CSV
+    (``fmt`` "parquet": as NAME.parquet),
     then ``plots(out_dir)``'s figures (when given), then summary.json, last; return the paths written."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt: {fmt!r} is not one of {', '.join(FORMATS)}")

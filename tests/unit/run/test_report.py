@@ -38,10 +38,14 @@ def test_chunked_csv_is_pyarrows_csv(result, tmp_path, monkeypatch):
     monkeypatch.setattr(report.os, "cpu_count", lambda: 3)
     report.write_csv(table, tmp_path / "chunks.csv")
     assert (tmp_path / "chunks.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
+    # write_outputs builds the table a chunk at a time: the same bytes again.
+    written = report.write_outputs(tmp_path / "run", result, np.arange(len(result.requests)), {})
+    assert written[0].read_bytes() == (tmp_path / "one.csv").read_bytes()
     assert b",," in (tmp_path / "one.csv").read_bytes()  # the nulls were written as empty fields
 
 
-def test_parquet_holds_the_csv_values(result, tmp_path):
+def test_parquet_holds_the_csv_values(result, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "_CHUNK_ROWS", 999)  # several row groups
     summary = {"completed": 1}
     csv_paths = report.write_outputs(tmp_path / "csv", result, np.arange(len(result.requests)), summary)
     pq_paths = report.write_outputs(tmp_path / "pq", result, np.arange(len(result.requests)), summary, fmt="parquet")
