@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from schedsim.cli import options as o
-from schedsim.cli.sweep import (Executor, Grid, Profile, RayAddress, Replications, Seed, Slo, SloP99, Workers,
-                                progress_bar)
+from schedsim.cli.sweep import (Executor, Grid, Profile, RayAddress, Replications, Seed, Slo, SloConfidence, SloP99,
+                                Workers, progress_bar)
 from schedsim.errors import InputError
 
 # The commands import their implementation (the drivers, the simulator, numpy, pyarrow)
@@ -53,13 +53,14 @@ def plan(
     ray_address: RayAddress = None,
     workers: Workers = None,
     out: Annotated[Optional[Path], typer.Option(help="Write plan.json (and the generated trace) here.")] = None,
+    slo_confidence: SloConfidence = None,
 ):
     """The fewest replicas (GPUs), and their settings, that meet the SLO at --qps; against no batching."""
     import tempfile
 
     from schedsim.files import write_json
     from schedsim.planning.grid import parse_grid
-    from schedsim.planning.objective import Objective, parse_slo
+    from schedsim.planning.objective import Objective, band_level, parse_slo
     from schedsim.planning.plan import DEFAULT_GRIDS, PlanSpec, plan as make_plan, trace_for_plan
     from schedsim.run.outdir import prepare_out_dir
     from schedsim.run.spec import RunSpec
@@ -71,6 +72,8 @@ def plan(
         raise InputError("--slo-p99-ms / --slo: a plan needs an SLO to meet")
     if seed < 0:
         raise InputError(f"--seed: {seed} is not valid; expected an integer >= 0")
+    if slo_confidence is not None:
+        band_level(slo_confidence)  # a bad value is one line, before any work
     if out is not None:
         prepare_out_dir(out)
     grid_values = parse_grid(grid) if grid else DEFAULT_GRIDS.get(policy, {})
@@ -82,12 +85,15 @@ def plan(
         upper = [c.key for c in slo_terms if c.op[0] == "<"]
         spec = PlanSpec(
             base=RunSpec(trace=path, policy=policy, params=params, profile=profile, instances=instances,
-                         seed=seed, replications=replications, warmup_s=warmup_s),
+                         seed=seed, replications=replications, warmup_s=warmup_s,
+                         # A generated trace stands for fresh traffic: the band redraws its arrivals too.
+                         band_arrivals="fixed" if trace is not None else "resample"),
             qps=qps, trace_rate=rate, slo=slo_terms, grid=grid_values,
             # At a fixed load every stable setting serves it: the lowest tail wins.
             objective=Objective(upper[0] if upper else "p99_ms", "min", 0.0),
             naive_policy=naive_policy or None, router=router, max_replicas=max_replicas,
-            gpu_cost_per_hour=gpu_cost_per_hour, executor=executor, workers=workers, ray_address=ray_address)
+            gpu_cost_per_hour=gpu_cost_per_hour, executor=executor, workers=workers, ray_address=ray_address,
+            slo_confidence=slo_confidence)
         bar, _ = progress_bar(None, "plan")
         task = bar.task_ids[0]
         with bar:
@@ -109,6 +115,7 @@ def plan(
                       f"{m['mean_batch_size']:.2f}",
                       "-" if not fewer else (f"{fewer['replicas']}: misses" if not fewer["meets_slo"] else "meets?"))
     console.print(table)
+    console.print(f"SLO judged on {result['slo_judged_on']}", highlight=False, soft_wrap=True)
     for name, entry in result["plans"].items():
         if entry.get("settings"):
             console.print(f"{name} settings: " + ", ".join(f"{k}={v}" for k, v in entry["settings"].items()))

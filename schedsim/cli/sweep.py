@@ -32,6 +32,10 @@ Workers = Annotated[Optional[int], typer.Option(help="Cells run at once (default
 Profile = Annotated[Optional[Path], typer.Option(help="Cost table CSV (default: the bundled H200 profile).")]
 Seed = Annotated[int, typer.Option(help="Seed of the first replication, the same for every cell.")]
 Replications = Annotated[int, typer.Option(help="Runs per cell with seeds seed, seed+1, ...; gives 95% CIs.")]
+SloConfidence = Annotated[Optional[float], typer.Option(
+    help="Judge the SLO on each setting's prediction band: the confidence that one live run meets it "
+         "(0.95, the default: the 90% band's upper edge; 19 more replays per setting, by default only up to "
+         "50,000 requests); 0: on the point estimate (one run at --seed).")]
 
 
 def register(app) -> None:
@@ -72,18 +76,22 @@ def sweep(
     out: Annotated[Optional[Path], typer.Option(help="Write cells.csv (as cells finish), sweep.csv, best.json and plots here.")] = None,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="With --out: p99/throughput against each swept number, Pareto front.")] = True,
     top: Annotated[int, typer.Option(help="Rows of the ranked table to print.")] = 15,
+    slo_confidence: SloConfidence = None,
 ):
     """Run TRACE once per grid cell in parallel; rank the cells; recommend the best setting meeting the SLO."""
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import parse_objective, parse_slo
     from schedsim.run.outdir import prepare_out_dir
     from schedsim.run.spec import RunSpec
-    from schedsim.planning.sweep import SweepSpec, run_command, run_sweep
+    from schedsim.planning.objective import band_level
+    from schedsim.planning.sweep import SweepSpec, judged_on, run_command, run_sweep
 
     if out is not None:
         prepare_out_dir(out)
     grid_values = parse_grid(grid)
     slo_terms = parse_slo(slo, slo_p99_ms)
+    if slo_confidence is not None:
+        band_level(slo_confidence)  # a bad value is one line, before any work
     params = o.policy_params(max_batch_size=max_batch_size, preferred_batch_size=None, param=param)
     overlap = set(params) & set(grid_values)
     if overlap:
@@ -96,7 +104,8 @@ def sweep(
         base=RunSpec(trace=trace, policy=policy, params=params, profile=profile, instances=instances,
                      seed=seed, replications=replications, warmup_s=warmup_s, rate_scale=rate_scale),
         grid=grid_values, slo=slo_terms, objective=parse_objective(objective, tie_tolerance, slo_terms),
-        executor=executor, workers=workers, ray_address=ray_address, out=out, plot=plot)
+        executor=executor, workers=workers, ray_address=ray_address, out=out, plot=plot,
+        slo_confidence=slo_confidence)
     from schedsim.planning.grid import cells
 
     bar, update = progress_bar(len(cells(grid_values)), "sweep")
@@ -110,6 +119,9 @@ def sweep(
                           f"sweep.csv and best.json say complete: false")
         raise
     print_table(console, outcome, spec, top)
+    if spec.slo:
+        console.print(f"SLO judged on {judged_on(outcome.rows, spec.slo, spec.slo_confidence)}",
+                      highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")
     if outcome.best is not None:
@@ -156,6 +168,8 @@ def print_best(console: Console, row: dict, spec, what: str) -> None:
         text = f"{c.key} {_num(value)} (margin {_num(c.margin(value))}"
         if row.get(f"{c.key}_ci_lo") is not None:
             text += f", 95% CI {_num(row[f'{c.key}_ci_lo'])}..{_num(row[f'{c.key}_ci_hi'])}"
+        if row.get(f"{c.key}_hi") is not None:
+            text += f", band {_num(row[f'{c.key}_lo'])}..{_num(row[f'{c.key}_hi'])}"
         parts.append(text + ")")
     parts.append(f"throughput {_num(row.get('throughput_rps'), 1)} req/s")
     head = "best setting meeting the SLO" if what == "best" else "no setting meets the SLO; closest"

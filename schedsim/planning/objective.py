@@ -2,7 +2,11 @@
 
 An SLO is a list of constraints on summary keys (``p99_ms<=50``, ``throughput_rps>=9000``);
 any numeric key of summary.json works, so LLM keys such as ``ttft_p99_ms`` plug in as they
-appear. The objective is ``max:KEY`` or ``min:KEY`` (default: most throughput); values
+appear. A row that carries a prediction band for a bounded metric (``KEY_lo``/``KEY_hi``, from
+``schedsim run``'s band, :mod:`schedsim.run.bands`) is judged on the band's edge on the
+SLO's side (the upper edge for ``<=``), never on the better side of the point estimate: a
+setting meets the SLO when one live run would meet it at the band's confidence, not just
+the run at one seed. The objective is ``max:KEY`` or ``min:KEY`` (default: most throughput); values
 within ``tie_tolerance`` of the best count as a tie, broken by the lower tail latency,
 because on an open-loop trace every stable setting serves the offered rate and the
 throughputs differ only by where the last batch happens to end.
@@ -114,13 +118,44 @@ def check_keys(summary: dict, keys: list[str], flag: str = "--slo/--objective") 
             raise InputError(f"{flag}: summary.json has no numeric metric {key!r}; it has: {', '.join(known)}")
 
 
+def judged(row: dict, c: Constraint) -> float | None:
+    """The value ``c`` is judged on: the point estimate, or where ``row`` has a band for
+    ``c.key`` its edge on the SLO's side (the worse of the edge and the point)."""
+    value = row.get(c.key)
+    edge = row.get(f"{c.key}_hi" if c.op[0] == "<" else f"{c.key}_lo")
+    if edge is None or value is None or not (math.isfinite(edge) and math.isfinite(value)):
+        return value
+    return max(value, edge) if c.op[0] == "<" else min(value, edge)
+
+
 def meets(row: dict, slo: tuple[Constraint, ...]) -> bool:
-    return all(c.holds(row.get(c.key)) for c in slo)
+    return all(c.holds(judged(row, c)) for c in slo)
 
 
 def violation(row: dict, slo: tuple[Constraint, ...]) -> float:
     """The largest relative shortfall against any constraint (<= 0 when the SLO is met)."""
-    return max((-c.relative_margin(row.get(c.key)) for c in slo), default=0.0)
+    return max((-c.relative_margin(judged(row, c)) for c in slo), default=0.0)
+
+
+def band_level(confidence: float) -> float:
+    """The two-sided band whose edge is a one-sided bound at ``confidence``: 2 x confidence - 1
+    (0.95 -> the 90% band's upper edge). 0 = judge the point estimate."""
+    if confidence == 0:
+        return 0.0
+    if not 0.5 < confidence < 1:
+        raise InputError(f"--slo-confidence: {confidence} is not valid; expected 0 (the point estimate) "
+                         "or a confidence in (0.5, 1), such as 0.95")
+    return 2 * confidence - 1
+
+
+def slo_basis(confidence: float, judged_on_band: bool) -> str:
+    """What the SLO was judged on, in words, for the outputs."""
+    if judged_on_band:
+        level = band_level(confidence)
+        return (f"the edge of each setting's {level:.0%} prediction band on the SLO's side (one live run "
+                f"meets the SLO with {confidence:.0%} confidence)")
+    return "the point estimate (one run at --seed)" + (
+        "" if confidence == 0 else "; no band was computed (see the notes)")
 
 
 def _num(value) -> float:

@@ -25,8 +25,9 @@ from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
 from schedsim.planning.executors import run_jobs
 from schedsim.planning.grid import cells as grid_cells, label
-from schedsim.planning.objective import Constraint, Objective, check_keys, meets, metric_keys, rank
-from schedsim.planning.sweep import SweepSpec, absolute, check_cells, run_cell
+from schedsim.planning.objective import Constraint, Objective, check_keys, judged, meets, metric_keys, rank
+from schedsim.planning.sweep import (SweepSpec, absolute, check_cells, confidence_of, judged_on, run_cell,
+                                     with_slo_band)
 from schedsim.run.spec import RunSpec
 from schedsim.traces.generate import generate
 from schedsim.traces.io import load_trace, save_trace, trace_stats
@@ -63,6 +64,9 @@ class PlanSpec:
     executor: str = "local"
     workers: int | None = None
     ray_address: str | None = None
+    slo_confidence: float | None = None
+    """As :attr:`schedsim.planning.sweep.SweepSpec.slo_confidence`: judge the SLO on each
+    setting's prediction band (0.95: the 90% band's upper edge); 0 = on the point estimate."""
 
 
 def at_replicas(spec: PlanSpec, base: RunSpec, n: int) -> RunSpec:
@@ -76,7 +80,8 @@ class _Search:
     """Evaluations of one policy's settings at replica counts, memoised."""
 
     def __init__(self, spec: PlanSpec, base: RunSpec, grid: dict, progress):
-        self.spec, self.base, self.progress = spec, absolute(base), progress
+        self.spec, self.progress = spec, progress
+        self.base = with_slo_band(absolute(base), spec.slo, spec.slo_confidence)
         self.cells = grid_cells(grid) if grid else [{}]
         self.names = list(grid)
         self.results: dict[int, list[dict]] = {}
@@ -86,7 +91,7 @@ class _Search:
         """The best SLO-meeting row at ``n`` replicas (None if none meets)."""
         if n not in self.results:
             keys = tuple(metric_keys(self.spec.slo, self.spec.objective))
-            jobs = [(at_replicas(self.spec, self.base, n), cell, keys) for cell in self.cells]
+            jobs = [(at_replicas(self.spec, self.base, n), cell, keys, self.spec.slo) for cell in self.cells]
             rows = [None] * len(jobs)
             for i, row in run_jobs(run_cell, jobs, self.spec.executor, self.spec.workers,
                                    self.spec.ray_address):
@@ -157,6 +162,7 @@ def plan(spec: PlanSpec, seq_len: int = 0, progress=None) -> dict:
     if spec.naive_policy and spec.naive_policy != spec.base.policy:
         naive = replace(spec.base, policy=spec.naive_policy, params={})
         policies.append((spec.naive_policy, naive, {}))
+    searched: list[dict] = []
     for name, base, grid in policies:
         search = _Search(spec, base, grid, progress and (lambda n, ok, name=name: progress(name, n, ok)))
         n, row = search.fewest(start)
@@ -167,12 +173,19 @@ def plan(spec: PlanSpec, seq_len: int = 0, progress=None) -> dict:
             entry["metrics"] = {k: row.get(k) for k in ("p50_ms", "p99_ms", "p999_ms", "throughput_rps",
                                                            "mean_batch_size", "utilization")}
             entry["slo_margins"] = {str(c): c.margin(row.get(c.key)) for c in spec.slo}
+            bands = {str(c): [row[f"{c.key}_lo"], row[f"{c.key}_hi"]] for c in spec.slo if f"{c.key}_hi" in row}
+            if bands:
+                entry["slo_bands"] = bands
+                entry["slo_judged_margins"] = {str(c): c.margin(judged(row, c)) for c in spec.slo}
             fewer = search.results.get(n - 1)
             if fewer:
                 worst = rank(fewer, spec.slo, spec.objective)[0]
                 entry["one_fewer"] = {"replicas": n - 1, "meets_slo": fewer[worst]["meets_slo"],
                                       **{c.key: fewer[worst].get(c.key) for c in spec.slo}}
         out["plans"][name] = entry
+        searched += [r for rows in search.results.values() for r in rows]
+    out["slo_confidence"] = confidence_of(spec.slo_confidence)
+    out["slo_judged_on"] = judged_on(searched, spec.slo, spec.slo_confidence)
     main = out["plans"][spec.base.policy]
     if main["replicas"] is None:
         raise InputError(f"--slo: {spec.base.policy} does not meet {' and '.join(out['slo'])} at "

@@ -19,7 +19,8 @@ from schedsim.errors import InputError
 from schedsim.files import replaced_atomically, write_json
 from schedsim.planning.executors import run_jobs
 from schedsim.planning.grid import cells as grid_cells, label, split_cell
-from schedsim.planning.objective import Constraint, Objective, check_keys, meets, metric_keys, pareto, rank
+from schedsim.planning.objective import (Constraint, Objective, band_level, check_keys, judged, meets, metric_keys,
+                                         pareto, rank, slo_basis)
 from schedsim.registry import build_policy
 from schedsim.run.runner import execute, policy_params
 from schedsim.run.spec import RunSpec, check_spec
@@ -52,6 +53,21 @@ class SweepSpec:
     """Directory for cells.csv, sweep.csv, best.json and plots."""
     plot: bool = True
     """Write the PNG plots into ``out``."""
+    slo_confidence: float | None = None
+    """Judge the SLO on each cell's prediction band: the confidence that one live run meets it
+    (0.95: the 90% band's upper edge); 0 = on the point estimate; None = 0.95 up to the
+    trace length ``schedsim run`` gives a band by default, else the point estimate."""
+
+
+def with_slo_band(base: RunSpec, slo: tuple, confidence: float | None) -> RunSpec:
+    """``base`` with the band its cells need: none without an SLO or at confidence 0."""
+    if not slo:
+        return replace(base, band=0)
+    return replace(base, band=None if confidence is None else band_level(confidence))
+
+
+def confidence_of(confidence: float | None) -> float:
+    return 0.95 if confidence is None else confidence
 
 
 @dataclass
@@ -88,9 +104,15 @@ def cell_spec(base: RunSpec, cell: dict) -> RunSpec:
     return replace(base, params=dict(base.params) | params, **run)
 
 
-def run_cell(base: RunSpec, cell: dict, keys: tuple) -> dict:
-    """One cell: its summary's scalar metrics (means over replications) and CIs."""
-    summary = execute(cell_spec(base, cell)).summary
+def run_cell(base: RunSpec, cell: dict, keys: tuple, slo: tuple = ()) -> dict:
+    """One cell: its summary's scalar metrics (means over replications), CIs and, when
+    ``base`` asks for a band, the SLO metrics' band edges. A band's edge on the SLO's side is
+    never better than the point estimate, so a cell that misses ``slo`` at its point
+    estimate misses it on the band too: its band is not computed."""
+    spec = cell_spec(base, cell)
+    summary = execute(replace(spec, band=0) if slo and spec.band != 0 else spec).summary
+    if slo and spec.band != 0 and meets(summary, slo):
+        summary = execute(spec).summary
     row = {}
     for key in dict.fromkeys(METRICS + tuple(keys)):
         value = summary.get(key)
@@ -100,6 +122,10 @@ def run_cell(base: RunSpec, cell: dict, keys: tuple) -> dict:
             row[f"{key}_ci_lo"], row[f"{key}_ci_hi"] = float(ci[0]), float(ci[1])
     util = summary.get("utilization") or []
     row["utilization"] = float(sum(util) / len(util)) if util else None
+    for key in keys:
+        if isinstance(summary.get(f"{key}_hi"), (int, float)):
+            row[f"{key}_lo"], row[f"{key}_hi"] = float(summary[f"{key}_lo"]), float(summary[f"{key}_hi"])
+    row["_notes"] = [n for n in summary.get("notes", []) if "prediction band" in n]
     row["_missing"] = [k for k in keys if not isinstance(summary.get(k), (int, float))]
     row["_known"] = sorted(k for k, v in summary.items()
                            if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -128,7 +154,9 @@ def columns(spec: SweepSpec) -> list[str]:
     if spec.base.replications > 1:
         for key in dict.fromkeys(CI_METRICS + tuple(keys)):
             ci += [f"{key}_ci_lo", f"{key}_ci_hi"]
-    return ["cell", *spec.grid, "meets_slo", "slo_margin", *metrics, *ci]
+    band = [] if not spec.slo or spec.slo_confidence == 0 else \
+        [f"{c.key}_{side}" for c in dict.fromkeys(c for c in spec.slo) for side in ("lo", "hi")]
+    return ["cell", *spec.grid, "meets_slo", "slo_margin", *metrics, *ci, *dict.fromkeys(band)]
 
 
 def _fmt(value) -> str:
@@ -152,7 +180,7 @@ def csv_line(row: dict, cols: list[str]) -> str:
 def finish_row(row: dict, cell_index: int, cell: dict, spec: SweepSpec) -> dict:
     row = dict(row, cell=cell_index, **{k: label(v) for k, v in cell.items()})
     row["meets_slo"] = meets(row, spec.slo)
-    row["slo_margin"] = min((c.margin(row.get(c.key)) for c in spec.slo), default=None)
+    row["slo_margin"] = min((c.margin(judged(row, c)) for c in spec.slo), default=None)
     return row
 
 
@@ -162,7 +190,7 @@ def run_sweep(spec: SweepSpec, progress=None) -> SweepOutcome:
     if not cells:
         raise InputError("--grid: no cells")
     check_cells(spec, cells)
-    base = absolute(spec.base)
+    base = with_slo_band(absolute(spec.base), spec.slo, spec.slo_confidence)
     keys = tuple(metric_keys(spec.slo, spec.objective))
     cols = columns(spec)
     out = spec.out
@@ -177,7 +205,7 @@ def run_sweep(spec: SweepSpec, progress=None) -> SweepOutcome:
     rows: list[dict] = []
     complete = False
     try:
-        jobs = [(base, cell, keys) for cell in cells]
+        jobs = [(base, cell, keys, spec.slo) for cell in cells]
         for i, row in run_jobs(run_cell, jobs, spec.executor, spec.workers, spec.ray_address):
             if row["_missing"]:
                 check_keys({k: 0.0 for k in row["_known"]}, row["_missing"])
@@ -220,6 +248,10 @@ def describe(row: dict, spec: SweepSpec) -> dict:
         value = row.get(c.key)
         entry = {"slo": str(c), "value": value, "margin": c.margin(value),
                  "relative_margin": c.relative_margin(value)}
+        edge = f"{c.key}_hi" if c.op[0] == "<" else f"{c.key}_lo"
+        if row.get(edge) is not None:
+            entry |= {"band": [row[f"{c.key}_lo"], row[f"{c.key}_hi"]], "judged_value": judged(row, c),
+                      "judged_margin": c.margin(judged(row, c))}
         if c.key in ci:
             lo, hi = ci[c.key]
             worst = hi if c.op[0] == "<" else lo
@@ -249,6 +281,8 @@ def write_outputs(out: Path, outcome: SweepOutcome, spec: SweepSpec, cols: list[
         "slo": [str(c) for c in spec.slo],
         "objective": str(spec.objective), "tie_tolerance": spec.objective.tie_tolerance,
         "tiebreak": spec.objective.tiebreak,
+        "slo_confidence": confidence_of(spec.slo_confidence) if spec.slo else None,
+        "slo_judged_on": judged_on(outcome.rows, spec.slo, spec.slo_confidence) if spec.slo else None,
         "best": describe(outcome.best, spec) if outcome.best else None,
         "closest": describe(outcome.closest, spec) if outcome.closest else None,
         "meeting_slo": sum(r["meets_slo"] for r in outcome.rows),
@@ -262,6 +296,14 @@ def write_outputs(out: Path, outcome: SweepOutcome, spec: SweepSpec, cols: list[
     write_json(path, best)
     written.append(path)
     return written
+
+
+def judged_on(rows: list[dict], slo: tuple, confidence: float | None) -> str:
+    """What the SLO verdicts on ``rows`` rest on, in words."""
+    banded = any(row.get(f"{c.key}_hi") is not None for row in rows for c in slo)
+    text = slo_basis(confidence_of(confidence), banded)
+    notes = {n for row in rows for n in row.get("_notes", [])}
+    return text + (f" ({next(iter(notes))})" if notes and not banded else "")
 
 
 def run_command(row: dict, spec: SweepSpec) -> str:

@@ -151,11 +151,51 @@ def test_interrupted_sweep_keeps_finished_cells(tmp_path):
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
+    """A plan judged on the point estimate (--slo-confidence 0)."""
     out = tmp_path_factory.mktemp("plan")
+    proc = schedsim("plan", "--qps", "20000", "--slo-p99-ms", "5", "--requests", "6000",
+                    "--grid", "max_queue_delay_us=0,1000", "--gpu-cost-per-hour", "2.5", "--out", out,
+                    "--slo-confidence", "0")
+    assert proc.returncode == 0, proc.stderr
+    return proc, out, json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def planned_on_band(tmp_path_factory):
+    """The same plan judged on the prediction band (the default)."""
+    out = tmp_path_factory.mktemp("plan-band")
     proc = schedsim("plan", "--qps", "20000", "--slo-p99-ms", "5", "--requests", "6000",
                     "--grid", "max_queue_delay_us=0,1000", "--gpu-cost-per-hour", "2.5", "--out", out)
     assert proc.returncode == 0, proc.stderr
     return proc, out, json.loads((out / "plan.json").read_text())
+
+
+def test_plan_on_the_band_is_minimal_on_the_band_and_never_below_the_point_plan(planned, planned_on_band):
+    """Run the band plan's setting alone on N and N-1 replicas with the band the plan used
+    (arrivals redrawn: the trace was generated): the band's upper edge meets the SLO on N and
+    misses it on N-1; it needs at least as many replicas as the point plan."""
+    _, out, plan = planned_on_band
+    assert plan["slo_confidence"] == 0.95 and "90% prediction band" in plan["slo_judged_on"]
+    assert planned[2]["slo_judged_on"].startswith("the point estimate")
+    trace_path = out / "plan_trace.csv"
+    from schedsim.traces.io import load_trace, trace_stats
+
+    scale = 20000 / trace_stats(load_trace(trace_path))["mean_rate"]
+    for name, entry in plan["plans"].items():
+        n = entry["replicas"]
+        assert n >= planned[2]["plans"][name]["replicas"]
+        flags = [f"--max-queue-delay-us={entry['settings']['max_queue_delay_us']}"] if entry["settings"] else []
+        edge = {}
+        for count in (n, n - 1):
+            run = schedsim("run", trace_path, "--policy", name, *flags, "--rate-scale", repr(scale / count),
+                           "--band-arrivals", "resample", "--json")
+            assert run.returncode == 0, run.stderr
+            s = json.loads(run.stdout)
+            edge[count] = max(s["p99_ms"], s["p99_ms_hi"])
+        assert edge[n] <= 5 < edge[n - 1], (name, edge)
+        assert entry["slo_bands"]["p99_ms<=5"][1] == pytest.approx(
+            json.loads(schedsim("run", trace_path, "--policy", name, *flags, "--rate-scale", repr(scale / n),
+                                "--band-arrivals", "resample", "--json").stdout)["p99_ms_hi"])
 
 
 def test_plan_beats_no_batching(planned):
@@ -206,3 +246,72 @@ def test_llm_sweep_on_ttft_recommends_a_setting_that_meets_it(tmp_path):
     summary = json.loads(alone.stdout)
     assert summary["ttft_p99_ms"] <= 200
     assert summary["ttft_p99_ms"] == best["metrics"]["ttft_p99_ms"]
+
+
+# --- the SLO judged on prediction bands ------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from schedsim.planning.objective import band_level, judged, meets  # noqa: E402
+
+_cell = st.tuples(st.floats(1.0, 100.0), st.floats(0.0, 30.0), st.floats(0.0, 30.0),
+                  st.floats(100.0, 10_000.0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_cell, min_size=1, max_size=12), st.floats(5.0, 120.0))
+def test_the_choice_under_the_band_is_never_worse_than_under_the_point_estimate(cells_, limit):
+    """Cells with a point p99, a band around it and a throughput; SLO p99_ms<=limit, most
+    throughput wins. Judged on the band: every cell that meets the SLO meets it at its point
+    estimate too; the chosen cell meets it on both; when the two choices differ the band's
+    choice has the lower upper edge (the point's choice misses on its band), and it never
+    claims more throughput than the point's choice."""
+    slo = parse_slo([], limit)
+    objective = Objective()
+    banded = [{"cell": i, "p99_ms": p, "p99_ms_lo": p - below, "p99_ms_hi": p + above, "throughput_rps": t}
+              for i, (p, below, above, t) in enumerate(cells_)]
+    plain = [{k: v for k, v in r.items() if not k.endswith(("_lo", "_hi"))} for r in banded]
+    assert {r["cell"] for r in banded if meets(r, slo)} <= {r["cell"] for r in plain if meets(r, slo)}
+    by_band, by_point = banded[rank(banded, slo, objective)[0]], plain[rank(plain, slo, objective)[0]]
+    if not meets(by_band, slo):
+        return   # nothing meets on the band: no recommendation
+    assert meets(plain[by_band["cell"]], slo) and by_band["p99_ms_hi"] <= limit
+    assert by_band["throughput_rps"] <= by_point["throughput_rps"] * (1 + objective.tie_tolerance) + 1e-9
+    if by_band["cell"] != by_point["cell"]:
+        assert by_band["p99_ms_hi"] <= banded[by_point["cell"]]["p99_ms_hi"] or \
+            not meets(banded[by_point["cell"]], slo)
+
+
+def test_judged_value_is_the_band_edge_on_the_slo_side_never_better_than_the_point():
+    upper, lower = parse_slo(["p99_ms<=10", "throughput_rps>=100"])
+    row = {"p99_ms": 8.0, "p99_ms_lo": 7.0, "p99_ms_hi": 11.0, "throughput_rps": 120.0,
+           "throughput_rps_lo": 95.0, "throughput_rps_hi": 130.0}
+    assert judged(row, upper) == 11.0 and judged(row, lower) == 95.0
+    assert judged({"p99_ms": 8.0, "p99_ms_hi": 7.5}, upper) == 8.0   # the point beyond the edge
+    assert judged({"p99_ms": 8.0}, upper) == 8.0
+    assert not meets(row, (upper,)) and meets({"p99_ms": 8.0}, (upper,))
+    assert band_level(0.95) == pytest.approx(0.9) and band_level(0) == 0
+    with pytest.raises(InputError, match="--slo-confidence"):
+        band_level(0.4)
+
+
+def test_sweep_judges_the_slo_on_the_band_and_says_so(trace, tmp_path):
+    args = ("sweep", trace, "--grid", "max_queue_delay_us=0,3000", "--rate-scale", "4", "--slo-p99-ms", "3",
+            "--workers", "1", "--no-plot")
+    proc = schedsim(*args, "--out", tmp_path / "band")
+    assert proc.returncode == 0, proc.stderr
+    assert "SLO judged on the edge of each setting's 90% prediction band" in " ".join(proc.stdout.split())
+    best = json.loads((tmp_path / "band" / "best.json").read_text())
+    assert best["slo_confidence"] == 0.95 and "90% prediction band" in best["slo_judged_on"]
+    margin = best["best"]["slo_margins"][0]
+    assert margin["judged_value"] >= margin["value"] and margin["band"][0] <= margin["band"][1]
+    header = (tmp_path / "band" / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert "p99_ms_lo" in header and "p99_ms_hi" in header
+    point = schedsim(*args, "--slo-confidence", "0", "--out", tmp_path / "point")
+    assert point.returncode == 0, point.stderr
+    best0 = json.loads((tmp_path / "point" / "best.json").read_text())
+    assert best0["slo_judged_on"].startswith("the point estimate") and "band" not in best0["best"]["slo_margins"][0]
+    assert best0["best"]["metrics"]["p99_ms"] == best["best"]["metrics"]["p99_ms"] or \
+        best0["best"]["cell"] != best["best"]["cell"]
+    bad = schedsim(*args, "--slo-confidence", "1.5")
+    assert_one_line_error(bad, "--slo-confidence")
