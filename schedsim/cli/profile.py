@@ -99,6 +99,7 @@ def profile(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Exported ONNX files and TensorRT engines (default ~/.cache/schedsim).")] = None,
     dispatch_iters: Annotated[int, typer.Option(help="Batches in the dispatch-overhead loop (0 skips it).")] = 300,
     power_cap_s: Annotated[float, typer.Option(help="Seconds per phase of the power-cap measurement: how a batch slows after heavy ones on a power-capped GPU (7 phases; 0 skips it; try 2 on a GPU).")] = 0.0,
+    host_variation_s: Annotated[float, typer.Option(help="Seconds per round of the host-variation measurement: how the host's speed moves between and within runs, for prediction bands (5 rounds of the smallest cell; 0 skips it; try 2).")] = 0.0,
     pair_s: Annotated[float, typer.Option(help="With --instances 2: seconds per pair of batch sizes in the pair-slowdown grid, how much a batch slows beside the other instance's batch of another size (0 skips it; try 0.3 on a GPU).")] = 0.0,
     pair_batches: Annotated[Optional[str], typer.Option(help="Batch sizes of the pair grid (default: the powers of two measured, and the largest; triton: 1, 8, 32 and the largest on cuda, none on cpu; 'none' skips).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights and inputs.")] = 0,
@@ -149,7 +150,7 @@ def profile(
         instances=instances, warmup_ms=warmup_ms, min_iters=min_iters, min_time_s=min_time_s,
         max_cell_s=max_cell_s, device=device, provider=provider, tf32=tf32,
         workspace_gib=workspace_gib, cache_dir=str(cache_dir) if cache_dir else None,
-        dispatch_iters=dispatch_iters, power_cap_s=power_cap_s, pair_s=pair_s,
+        dispatch_iters=dispatch_iters, power_cap_s=power_cap_s, pair_s=pair_s, host_variation_s=host_variation_s,
         pair_batches=parse_sizes(pair_batches, "--pair-batches") if pair_batches else None, seed=seed, cpu=cpu)
     try:
         # Bars only on a terminal: piped stderr keeps errors to their one line.

@@ -120,6 +120,9 @@ class ProfileSpec:
     0 skips it): :func:`_pair_slowdown`."""
     pair_batches: tuple | None = None
     """Batch sizes of that grid (default: the measured sizes that are powers of two, and the largest)."""
+    host_variation_s: float = 0.0
+    """Seconds per round of the host-variation measurement (5 rounds of the smallest cell;
+    0 skips it): :mod:`schedsim.profiling.host_variation`."""
     seed: int = 0
     """Seed for weights, inputs and the dispatch loop."""
     cpu: str | None = None
@@ -150,6 +153,8 @@ class ProfileSpec:
             raise InputError("--power-cap-s: measured with one instance; profile it without --instances")
         if self.pair_s < 0:
             raise InputError(f"--pair-s {self.pair_s}: must be >= 0")
+        if self.host_variation_s < 0:
+            raise InputError(f"--host-variation-s {self.host_variation_s}: must be >= 0")
         if self.pair_s > 0 and self.instances != 2:
             raise InputError("--pair-s: measures two instances side by side; profile it with --instances 2")
         if self.pair_batches is not None and not set(self.pair_batches) <= set(self.batch_sizes):
@@ -391,6 +396,7 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
             dispatch = _dispatch_gaps(runners[0], spec, progress)
             extras["power_cap"] = _power_cap(runners[0], spec, progress)
             extras["pair_slowdown"] = _pair_slowdown(runners, spec, progress)
+            extras["host_variation"] = _host_variation(runners[0], spec, progress)
         except BaseException as exc:  # noqa: BLE001 - keep the cells, then re-raise
             error = exc
     warnings = [w for r in runners for w in getattr(r, "warnings", [])] + backend.notes
@@ -575,6 +581,21 @@ def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
     return {"power_cap": measured} if spread > POWER_CAP_MIN_SPREAD else {"power_cap_measured": measured}
 
 
+def _host_variation(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
+    """How the host's speed moves between and within runs, on the smallest cell (5 rounds of
+    ``spec.host_variation_s`` seconds): :func:`schedsim.profiling.host_variation.measure`."""
+    if spec.host_variation_s <= 0:
+        return None
+    from schedsim.profiling.host_variation import measure
+
+    b, s = spec.cells[0]
+    progress.note(f"host variation: 5 rounds of {spec.host_variation_s:g} s at batch={b} seq_len={s}")
+    runner.prepare(b, s)
+    return measure(lambda: (runner.infer(b, s), None)[1], rounds=5, round_s=spec.host_variation_s,
+                   window_s=min(0.25, spec.host_variation_s / 4), pause_s=min(0.5, spec.host_variation_s / 4),
+                   what=f"one batch of {b} at seq_len {s}, wall time around the call")
+
+
 def pair_sizes(spec: ProfileSpec) -> list[int]:
     """The batch sizes of the pair-slowdown grid."""
     if spec.pair_batches:
@@ -691,6 +712,8 @@ def _write(spec, out, results, extras, backend, describe, warnings, drift, dispa
     meta.update(extras.get("power_cap") or {})
     if extras.get("pair_slowdown"):
         meta["pair_slowdown"] = extras["pair_slowdown"]
+    if extras.get("host_variation"):
+        meta["host_variation"] = extras["host_variation"]
     if not complete:
         meta["missing_cells"] = [f"{b}x{s}" for b, s in missing]
         if dropped:

@@ -1,0 +1,96 @@
+"""The host-variation record (schedsim.profiling.host_variation): its figures from known
+timings, the profiler's hook on a CPU engine, and the band it widens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from schedsim.cost.profile import default_profile_path
+from schedsim.errors import InputError
+from schedsim.profiling.host_variation import combine, measure, summarise
+from schedsim.run.runner import execute
+from schedsim.run.spec import RunSpec
+from cli_helpers import ROOT, schedsim
+
+
+def test_between_and_within_from_known_speeds():
+    # Three rounds at 1.0, 1.1, 0.9 ms with windows alternating +-5% within each.
+    rounds = []
+    for base in (1.0, 1.1, 0.9):
+        starts = np.arange(0, 1.0, 0.001)
+        factor = np.where((starts // 0.25) % 2 == 0, 0.95, 1.05)
+        rounds.append((starts, base * factor * 1e-3))
+    rec = summarise(rounds, 0.25)
+    medians = np.array([r[1].mean() for r in rounds])   # each round's median: between 0.95x and 1.05x
+    assert rec["rounds"] == 3 and rec["windows"] == 12
+    assert rec["between_runs_cv"] == pytest.approx(np.std([1.0, 1.1, 0.9], ddof=1) / 1.0, rel=0.05)
+    ratios = np.array([0.95, 1.05] * 6) / 1.0
+    assert rec["within_run_cv"] == pytest.approx(np.std(ratios / np.median(ratios), ddof=1), rel=0.05)
+    assert medians.size == 3 and "method" in rec and "scope" in rec
+
+
+def test_measure_times_each_call_with_the_given_clock():
+    t = {"now": 0.0}
+    speeds = iter([1e-3] * 100000)
+
+    def call():
+        t["now"] += next(speeds)
+
+    rec = measure(call, rounds=3, round_s=0.5, window_s=0.1, pause_s=0.2, clock=lambda: t["now"],
+                  sleep=lambda s: t.__setitem__("now", t["now"] + s))
+    assert rec["between_runs_cv"] == pytest.approx(0.0, abs=1e-9)
+    assert rec["within_run_cv"] == pytest.approx(0.0, abs=1e-9)
+    assert rec["round_medians_ms"] == pytest.approx([1.0, 1.0, 1.0])
+    reported = measure(lambda: 0.002, rounds=2, round_s=0.01, window_s=0.01, pause_s=0.0)
+    assert reported["round_medians_ms"] == pytest.approx([2.0, 2.0]) and "warning" in reported
+
+
+def test_bad_settings_and_combining():
+    with pytest.raises(InputError, match="rounds"):
+        measure(lambda: 0.001, rounds=1)
+    with pytest.raises(InputError, match="window_s"):
+        measure(lambda: 0.001, round_s=0.1, window_s=0.2)
+    a = {"round_medians_ms": [1.0, 1.02], "within_run_cv": 0.03, "window_s": 0.25, "windows": 8}
+    b = {"round_medians_ms": [1.2, 1.22], "within_run_cv": 0.04, "window_s": 0.25, "windows": 8}
+    both = combine([a, b])
+    assert both["between_runs_cv"] == pytest.approx(np.std([1.0, 1.02, 1.2, 1.22], ddof=1) / 1.11)
+    assert both["within_run_cv"] == pytest.approx(np.sqrt((0.03**2 + 0.04**2) / 2))
+    with pytest.raises(InputError, match="window_s"):
+        combine([a, dict(b, window_s=1.0)])
+
+
+def test_a_host_variation_record_widens_the_runs_band(tmp_path):
+    src = default_profile_path()
+    for f in src.parent.glob(src.stem + ".*"):
+        shutil.copy(f, tmp_path / f.name)
+    side = tmp_path / (src.stem + ".json")
+    meta = json.loads(side.read_text())
+    trace = tmp_path / "t.csv"
+    trace.write_text("".join((ROOT / "traces" / "poisson_2000rps.csv").read_text().splitlines(keepends=True)[:3001]))
+    plain = execute(RunSpec(trace=trace, profile=tmp_path / src.name)).summary
+    side.write_text(json.dumps(meta | {"host_variation": {"between_runs_cv": 0.05, "within_run_cv": 0.1,
+                                                          "window_s": 0.25}}))
+    hosty = execute(RunSpec(trace=trace, profile=tmp_path / src.name)).summary
+    assert hosty["p99_ms"] == plain["p99_ms"]   # the point estimate does not move
+    width = lambda s: s["p99_ms_hi"] - s["p99_ms_lo"]  # noqa: E731
+    assert width(hosty) > 2 * width(plain)
+    assert hosty["band"]["host_sigma"] > 0.05 and any("host speed" in x for x in hosty["band"]["sources"])
+
+
+def test_profile_records_host_variation_on_a_cpu_engine(tmp_path):
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "p.csv"
+    proc = schedsim("profile", "--backend", "onnxruntime", "--model", "builtin:bert-tiny", "--batch-sizes", "1,2",
+                    "--seq-lens", "16", "--min-time-s", "0.1", "--warmup-ms", "10", "--dispatch-iters", "0",
+                    "--host-variation-s", "0.2", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.with_suffix(".json").read_text())["host_variation"]
+    assert rec["rounds"] == 5 and rec["calls"] > 5 and rec["between_runs_cv"] >= 0 and rec["within_run_cv"] >= 0
+    assert rec["window_s"] == pytest.approx(0.05) and "batch of 1" in rec["call"]
+    bad = schedsim("profile", "--backend", "onnxruntime", "--model", "builtin:bert-tiny", "--host-variation-s", "-1",
+                   "--out", tmp_path / "q.csv")
+    assert bad.returncode == 2 and "--host-variation-s" in bad.stderr
