@@ -12,7 +12,7 @@ import numpy as np
 
 from schedsim.core.llm_results import LLMResult
 from schedsim.core.results import COMPLETED
-from schedsim.run.plots import figure_saver
+from schedsim.run.plots import draw_band, figure_saver
 
 
 def step_series(start_ns: np.ndarray, end_ns: np.ndarray, values: np.ndarray,
@@ -34,7 +34,8 @@ def step_series(start_ns: np.ndarray, end_ns: np.ndarray, values: np.ndarray,
     return t / 1e9, v
 
 
-def write_llm_plots(out_dir: Path, result: LLMResult, warmup_s: float, atomic) -> list[Path]:
+def write_llm_plots(out_dir: Path, result: LLMResult, warmup_s: float, atomic, summary: dict | None = None) -> list[Path]:
+    """The run's PNGs; with a ``summary`` that has a band, the CDFs shade the p50 and p99 bands."""
     paths = []
     save = figure_saver(out_dir, atomic, paths)
 
@@ -62,13 +63,15 @@ def write_llm_plots(out_dir: Path, result: LLMResult, warmup_s: float, atomic) -
     req = result.requests
     done = (req.arrival_ns >= int(round(warmup_s * 1e9))) & (result.status == COMPLETED)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, when, name in ((axes[0], result.first_token_ns, "TTFT"), (axes[1], result.end_ns, "E2E latency")):
+    for ax, when, name, key in ((axes[0], result.first_token_ns, "TTFT", "ttft"),
+                                (axes[1], result.end_ns, "E2E latency", "e2e")):
         ms = np.sort((when[done] - req.arrival_ns[done]) / 1e6)
         if ms.size:
             # Empirical CDF as a step from 0, so that even one request shows.
             ax.step(np.r_[ms[0], ms], np.arange(ms.size + 1) / ms.size, where="post")
             for q in (50, 99):
                 ax.axvline(np.percentile(ms, q), ls=":", color="grey")
+        draw_band(ax, summary, (f"{key}_p50_ms", f"{key}_p99_ms"))
         ax.set(xlabel=f"{name} (ms)", ylabel="fraction of requests", title=f"{name} CDF")
         ax.grid(alpha=0.3)
     fig.tight_layout()

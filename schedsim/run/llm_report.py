@@ -74,7 +74,7 @@ def write_llm_outputs(out_dir: Path, result: LLMResult, request_id: np.ndarray, 
     def plots(out_dir):
         from schedsim.run.llm_plots import write_llm_plots  # lazy: matplotlib only when asked for
 
-        return write_llm_plots(out_dir, result, warmup_s, write_atomically)
+        return write_llm_plots(out_dir, result, warmup_s, write_atomically, summary)
 
     tables = [("requests.csv", request_table(result, request_id)), ("steps.csv", step_table(result))]
     return write_run_dir(out_dir, tables, summary, plots if plot else None)

@@ -120,7 +120,7 @@ def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summ
     def plots(out_dir):
         from schedsim.run.plots import write_plots  # lazy: matplotlib only when asked for
 
-        return write_plots(out_dir, result, warmup_s, write_atomically)
+        return write_plots(out_dir, result, warmup_s, write_atomically, summary)
 
     table = TableParts(len(result.requests), lambda start, stop: request_table(result, request_id, start, stop))
     return write_run_dir(out_dir, [("requests.csv", table)], summary, plots if plot else None, fmt)

@@ -181,3 +181,19 @@ def test_run_with_replications_keeps_its_means_and_adds_the_band(trace_file):
     banded = execute(RunSpec(trace=trace_file, replications=3, band=0.8, band_replications=9)).summary
     assert banded["p99_ms"] == plain["p99_ms"] and banded["p99_ms_ci"] == plain["p99_ms_ci"]
     assert banded["band"]["replications"] == 9 and banded["band"]["level"] == 0.8
+
+
+def test_plots_shade_the_bands(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from schedsim.run.plots import draw_band
+
+    fig, ax = plt.subplots()
+    draw_band(ax, {"p50_ms": 1.0, "p50_ms_lo": 0.9, "p50_ms_hi": 1.1, "p99_ms": 3.0, "p99_ms_lo": 2.5,
+                   "p99_ms_hi": 3.5, "band": {"level": 0.9, "replications": 19}}, ("p50_ms", "p99_ms"))
+    spans = [p for p in ax.patches]
+    assert len(spans) == 2 and "90% band" in ax.get_legend().get_texts()[0].get_text()
+    fig2, ax2 = plt.subplots()
+    draw_band(ax2, {"p99_ms": 3.0}, ("p99_ms",))
+    assert not ax2.patches and ax2.get_legend() is None
+    plt.close(fig), plt.close(fig2)
