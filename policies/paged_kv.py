@@ -49,11 +49,11 @@ from schedsim.core.llm_policy import LLMPolicy, SpeculativeConfig, Step, kv_budg
 
 VLLM_COMPAT = {
     "0.8": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=False,
-                free_unhashed_first=False, watermark_while_running=False, cap_long_requests=False),
+                free_unhashed_first=False, watermark_while_running=False, caps_long_requests=False),
     "0.10": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=True,
-                 free_unhashed_first=False, watermark_while_running=False, cap_long_requests=False),
+                 free_unhashed_first=False, watermark_while_running=False, caps_long_requests=False),
     "current": dict(scheduler_reserve_full_isl=True, async_scheduling=True, enable_prefix_caching=True,
-                    free_unhashed_first=True, watermark_while_running=True, cap_long_requests=True),
+                    free_unhashed_first=True, watermark_while_running=True, caps_long_requests=True),
 }
 """Each ``--vllm-compat`` preset: the defaults of the switches left unset (docs/vllm.md)."""
 
@@ -126,7 +126,7 @@ class PagedKV(LLMPolicy):
         self.scheduling_policy = scheduling_policy
         self.free_unhashed_first = preset["free_unhashed_first"]
         self.watermark_while_running = preset["watermark_while_running"]
-        self.cap_long_requests = preset["cap_long_requests"]
+        self.caps_long_requests = preset["caps_long_requests"]
         self.max_partial = int(max_num_partial_prefills) if max_num_partial_prefills else 0
         self.swap = preemption_mode == "swap"
         if watermark is None:
@@ -188,7 +188,7 @@ class PagedKV(LLMPolicy):
             if total > self.max_len or total - 1 > self.max_tokens_in_gpu:
                 # Newer vLLM: admitted if its prompt and one token fit, stopped at the limit.
                 most = min(self.max_len - prompt[r], self.max_tokens_in_gpu + 1 - prompt[r])
-                if not self.cap_long_requests or most < 1:
+                if not self.caps_long_requests or most < 1:
                     self.too_long.append(r)
                     continue
                 output[r] = most

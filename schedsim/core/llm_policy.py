@@ -21,7 +21,7 @@ Hooks, called by a driver in this order at each step boundary:
 
 Declared in :class:`LLMPolicy` with defaults, and read by the drivers: ``holds_responses``,
 ``kv_blocks_total``, ``block_size``, ``budget``, ``max_num_seqs``, ``max_num_batched_tokens``,
-``async_scheduling``, ``speculative`` and ``kv``.
+``async_scheduling``, ``speculative``, ``caps_long_requests`` and ``kv``.
 
 A token is *emitted* by a row in a step whose computed tokens reach all the tokens the
 request knows (prompt plus tokens generated so far); the request finishes when it has
@@ -215,6 +215,9 @@ class LLMPolicy:
     """Most rows in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
     max_num_batched_tokens: int | None = None
     """Most tokens in one step (sizes a live engine's warm-up); None: not bounded by the policy."""
+    caps_long_requests = False
+    """True when a request longer than ``budget.max_model_len`` (or the KV cache) runs until
+    that limit, its prompt and one token fitting, instead of being rejected (current vLLM)."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding, when the policy runs it: rows verify several tokens a step."""
     async_scheduling = False

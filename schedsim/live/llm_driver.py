@@ -185,13 +185,18 @@ def engine_context(requests: Requests, policy) -> int:
 
     Over the requests the policy can accept (prompt + output within its max_model_len):
     the longest prompt plus the longest output, plus one, since a static batch's padding
-    rows compute past their own output up to the batch's longest.
+    rows compute past their own output up to the batch's longest. A policy that runs long
+    requests up to its limit (``caps_long_requests``) needs the longest of them, limit
+    included, plus one.
     """
     if not len(requests):
         return 2
     prompt = requests.input_tokens.astype(np.int64)
     output = requests.output_tokens.astype(np.int64)
     limit = _max_model_len(policy)
+    if limit and policy.caps_long_requests:   # every prompt that fits with one token runs, up to the limit
+        ok = prompt < limit
+        return int(np.minimum(prompt + output, limit)[ok].max() + 1) if ok.any() else 2
     ok = prompt + output <= limit if limit else np.ones(prompt.shape, bool)
     if not ok.any():
         return 2
@@ -407,6 +412,8 @@ def warmup_prefill_tokens(requests: Requests, policy) -> int:
     prompt = requests.input_tokens.astype(np.int64)
     limit = _max_model_len(policy)
     ok = prompt + requests.output_tokens.astype(np.int64) <= limit if limit else np.ones(prompt.shape, bool)
+    if limit and policy.caps_long_requests:
+        ok = prompt < limit
     if cap:
         return int(cap)
     if not ok.any():

@@ -81,6 +81,8 @@ CASES = {
     "paged-recompute": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96)),
     "paged-swap": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96,
                                     preemption_mode="swap", swap_space_gb=0.02)),
+    "paged-recompute-0.8": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96,
+                                             vllm_compat="0.8")),
     "continuous": ("continuous", dict(num_blocks=40, max_num_seqs=8, reservation="oracle")),
     "static": ("llm-static", dict(num_blocks=60, batch_size=4, reservation="oracle")),
 }
@@ -98,7 +100,7 @@ def test_every_request_gets_its_tokens_and_they_are_the_dense_greedy_ones(model,
     for r in range(len(req)):
         assert tokens.length[r] >= req.input_tokens[r] + req.output_tokens[r]
     rows = {0}
-    if case == "paged-recompute":
+    if case.startswith("paged-recompute"):
         pre = np.flatnonzero(result.preemptions)
         assert pre.size, "the small KV budget must preempt"
         assert extra["swaps"]["out_blocks"] == 0
@@ -115,6 +117,50 @@ def test_every_request_gets_its_tokens_and_they_are_the_dense_greedy_ones(model,
     assert s["completed"] == len(req) and s["ttft_p50_ms"] > 0
     assert len(extra["steps"]["gpu_ms"]) == result.step_start_ns.size
     assert (result.step_repeats == 1).all()
+
+
+class OneStep:
+    """A policy whose steps are never repeated (what the live driver runs), for the simulator."""
+
+    def __init__(self, policy):
+        self.inner = policy
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def schedule(self, now_ns):
+        step = self.inner.schedule(now_ns)
+        step.repeat = 1
+        return step
+
+
+@pytest.mark.parametrize("params", [
+    dict(scheduling_policy="priority"),                              # priority order and victims
+    dict(scheduling_policy="priority", scheduler_reserve_full_isl=False),
+    dict(vllm_compat="0.8"),
+])
+def test_the_live_engine_runs_the_policy_decisions_the_simulator_makes(model, params):
+    """Priority scheduling and whole-prompt admission come from the policy object: with
+    every request delivered before the first step, the live run takes the simulator's steps,
+    step for step, and each request gets its dense greedy tokens."""
+    from schedsim.core.llm_simulate import simulate_llm
+    from llm_helpers import LinearCost
+
+    rng = np.random.default_rng(4)
+    n = 12
+    req = llm_requests(np.zeros(n), rng.integers(10, 70, n), rng.integers(3, 25, n), priority=rng.integers(0, 3, n))
+    params = dict(block_size=BS, num_gpu_blocks=24, max_num_seqs=8, max_num_batched_tokens=96) | params
+    result, extra = live(model, req, "paged-kv", num_blocks=24, **params)
+    sim = simulate_llm(req, OneStep(build_policy("paged-kv", params)), LinearCost())
+    assert (result.status == COMPLETED).all() and (sim.status == COMPLETED).all()
+    for name in ("step_seqs", "step_tokens", "step_prefill_tokens", "step_preempted", "step_kv_blocks"):
+        np.testing.assert_array_equal(getattr(result, name), getattr(sim, name), err_msg=name)
+    np.testing.assert_array_equal(result.preemptions, sim.preemptions)
+    assert result.preemptions.sum() > 0, "the small KV budget must preempt"
+    if params.get("scheduling_policy") == "priority":   # the one most urgent request is never the victim
+        assert (req.priority == 0).sum() == 1 and result.preemptions[req.priority == 0].sum() == 0
+    for r in (0, int(np.flatnonzero(result.preemptions)[0])):
+        assert_greedy(model, req, extra["tokens"], r)
 
 
 def test_prefix_caching_shares_prompt_tokens_and_hits(model):
@@ -390,3 +436,19 @@ def test_gpu_graphs_generate_the_dense_greedy_tokens():
     cpu = build_decoder("llama-tiny", "cpu", torch.float32, seed=0)
     for r in (0, int(np.argmax(result.preemptions))):
         assert_greedy(cpu, req, extra["tokens"], r)
+
+
+def test_a_request_longer_than_the_model_runs_to_the_limit_live(model):
+    """Current vLLM stops a request at max_model_len; the live run does too, and completes it
+    with the tokens the policy allowed (the simulator's count)."""
+    req = llm_requests([0.0, 0.0], [20, 12], [50, 6])
+    result, extra = live(model, req, "paged-kv", num_blocks=40, max_model_len=40)
+    assert (result.status == COMPLETED).all()
+    assert result.tokens_out.tolist() == [20, 6]
+    assert extra["tokens"].length[0] >= 40
+    from schedsim.core.llm_simulate import simulate_llm
+    from llm_helpers import LinearCost
+
+    sim = simulate_llm(req, build_policy("paged-kv", {"block_size": BS, "num_gpu_blocks": 40, "max_model_len": 40}),
+                       LinearCost())
+    assert sim.tokens_out.tolist() == [20, 6] and sim.stats["length_capped"] == 1
