@@ -21,7 +21,9 @@ Compared:
   and each live run fall inside it.
 
     python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] \
-        [--server-side S1.jsonl ...] --tag h200 --out results/
+        --tag h200 --out results/
+
+(each grid file's ``triton_server_side_*.jsonl`` beside it is read when present).
 """
 
 from __future__ import annotations
@@ -69,26 +71,43 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path, required=True)
     ap.add_argument("--grid", type=Path, nargs="+", required=True)
-    ap.add_argument("--server-side", type=Path, nargs="*", default=[])
     ap.add_argument("--tag", default="h200", help="results are written as fidelity_TAG.csv and its summary")
     ap.add_argument("--replications", type=int, default=5)
+    ap.add_argument("--without", nargs="*", default=[],
+                    help="sidecar terms to drop before predicting (e.g. wake_curve): what each term is worth")
+    ap.add_argument("--min-runs", type=int, default=3, help="cells with fewer live runs are listed, not summarised")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "triton" / "results")
     args = ap.parse_args(argv)
+    missing = [str(g) for g in args.grid if not g.is_file()]
+    if missing:
+        raise SystemExit(f"{missing[0]}: not in the working tree; experiments/RUNS.md gives the commit that holds "
+                         "it (git checkout COMMIT -- PATH)")
     meta = json.loads(args.profile.with_suffix(".json").read_text())
+    if args.without:
+        import shutil
+
+        ablated = Path(tempfile.mkdtemp(prefix="triton-ablation-")) / args.profile.name
+        for suffix in (".csv", ".samples.npz"):
+            if args.profile.with_suffix(suffix).is_file():
+                shutil.copy(args.profile.with_suffix(suffix), ablated.with_suffix(suffix))
+        ablated.with_suffix(".json").write_text(json.dumps({k: v for k, v in meta.items() if k not in args.without}))
+        args.profile = ablated
     path_ms = meta["triton_terms"]["request_path_us"] / 1e3
     cells = defaultdict(list)
     for g in args.grid:
+        side = {}
+        for s in g.parent.glob(g.name.replace("triton_grid_", "triton_server_side_")):
+            for line in s.read_text().splitlines():
+                r = json.loads(line)
+                side[(r["config"], r["arrival"], r["load"], r["rep"])] = r
         for line in g.read_text().splitlines():
             run = json.loads(line)
-            cells[(run["config"], run["arrival"], run["load"])].append(run)
-    traced = defaultdict(list)
-    for g in args.server_side:
-        for line in g.read_text().splitlines():
-            r = json.loads(line)
-            traced[(r["config"], r["arrival"], r["load"])].append(r)
+            run["server_side"] = side.get((run["config"], run["arrival"], run["load"], run["rep"]))
+            # The rate is part of the cell: each device call measures the capacity afresh.
+            cells[(run["config"], run["arrival"], run["load"], round(run["rate_rps"], 1))].append(run)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for (config, arrival, load), runs in sorted(cells.items()):
+        for (config, arrival, load, _), runs in sorted(cells.items()):
             sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp))
             live = {
                 "p50_ms": [r["summary"]["p50_ms"] for r in runs],
@@ -100,12 +119,12 @@ def main(argv=None) -> int:
             pred = {"p50_ms": sim["p50_ms"] + path_ms, "p99_ms": sim["p99_ms"] + path_ms,
                     "server_mean_ms": sim["mean_ms"], "throughput_rps": sim["throughput_rps"],
                     "mean_batch_size": sim["mean_batch_size"]}
-            side = traced.get((config, arrival, load), [])
-            if len(side) == len(runs):
+            side = [r["server_side"] for r in runs if r["server_side"]]
+            if side:  # traced runs only (a server that died kept no trace)
                 for q in ("p50", "p99"):
                     live[f"server_{q}_ms"] = [r[f"{q}_ms"] for r in side]
                     pred[f"server_{q}_ms"] = sim[f"{q}_ms"]
-            row = {"config": config, "arrival": arrival, "load": load, "runs": len(runs),
+            row = {"config": config, "arrival": arrival, "load": load, "runs": len(runs), "traced_runs": len(side),
                    "rate_rps": round(runs[0]["rate_rps"], 1)}
             for k, values in live.items():
                 med = float(np.median(values))
@@ -128,7 +147,10 @@ def main(argv=None) -> int:
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / f"fidelity_{args.tag}.csv", index=False)
-    summary = {}
+    thin = table[table.runs < args.min_runs]
+    table = table[table.runs >= args.min_runs]
+    summary = {"cells_left_out": [f"{r.config} {r.arrival} {r.load:g} ({r.runs} run{'s' if r.runs != 1 else ''})"
+                                  for r in thin.itertuples()]}
     for k in ("p50_ms", "p99_ms", "server_mean_ms", "server_p50_ms", "server_p99_ms", "throughput_rps"):
         if f"err_{k}_pct" not in table:
             continue
@@ -139,9 +161,10 @@ def main(argv=None) -> int:
             summary[k][f"load_{load:g}"] = {"median": round(float(el.median()), 2), "worst": round(float(el.max()), 2)}
     if "band_covers_median" in table:
         summary["band"] = {"covers_live_median": f"{int(table.band_covers_median.sum())} of {len(table)}",
-                           "covers_live_runs": f"{int(table.band_covers_runs.sum())} of {int(table.runs.sum())}"}
+                           "covers_live_runs": f"{int(table.band_covers_runs.sum())} of {int(table.traced_runs.sum())}"}
     summary["cells"] = len(table)
     summary["profile"] = str(args.profile.name)
+    summary["without"] = args.without
     summary["request_path_ms"] = path_ms
     (args.out / f"fidelity_{args.tag}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))

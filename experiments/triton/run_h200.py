@@ -128,7 +128,7 @@ def set_trace(url: str, rate: int | None) -> None:
         "trace_level": ["OFF"]}
     req = urllib.request.Request(f"http://{url}/v2/models/{NAME}/trace/setting", method="POST",
                                  data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
 
 
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
                               f"p50 {s['p50_ms']:.2f} p99 {s['p99_ms']:.2f} ms, batch {s['mean_batch_size']:.1f}, "
                               f"lateness p99 {row['live']['client_lateness_us'].get('p99', float('nan')):.0f} us",
                               flush=True)
-            except (InputError, RuntimeError) as exc:
+            except (InputError, RuntimeError, OSError) as exc:  # OSError: a server that stopped answering
                 info["failures"].append({"config": cfg["name"], "rep": rep, "error": str(exc)})
                 print(f"{cfg['name']} rep{rep}: FAILED: {exc}", flush=True)
             if server is not None and cell_windows:  # the server has stopped: its trace file is complete
