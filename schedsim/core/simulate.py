@@ -9,6 +9,10 @@ other event is due at the same instant; otherwise it is scheduled behind them. A
 whose completion is due before every other event (a busy server's next batch), or a
 timer due first, runs without an event: the event loop would pop it next anyway.
 
+One instance whose policy declares a queue rule (``Policy.queue_rule``) needs no events at
+all: the driver decides on the rows arrived by now and moves time to the batch's end, the
+timer or the arrival the rule waits for (``_run_queue_rule``), with the same results.
+
 Events go on a small heap of the driver's own (:mod:`schedsim.core.events`), which
 fixes the order of simultaneous events; an event run inline is the one that heap would
 pop next, so inlining never changes that order.
@@ -92,7 +96,7 @@ class _Driver:
         # per-request columns are filled from the batch log at the end (_result).
         self.done_ns = None
         self.status = np.zeros(n, dtype=np.int8)
-        # Six int64 per batch, preallocated in blocks (48 B a batch, no objects): start_ns, end_ns,
+        # Six int64 per batch in one array that grows in place (48 B a batch, no objects): start_ns, end_ns,
         # instance, samples, requests, first row; a batch whose rows are not a range has first
         # row -1 and its rows, in order, in array_rows.
         self.log = array("q")
