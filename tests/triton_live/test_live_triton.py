@@ -17,23 +17,8 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import ROOT, assert_one_line_error, schedsim
-from schedsim.triton.server import ServerError, TritonServer, find_tritonserver
-
-try:
-    INSTALL, WHY = find_tritonserver(), ""
-except ServerError as exc:
-    INSTALL, WHY = None, str(exc)
-REQUIRED = os.environ.get("SCHEDSIM_REQUIRE_TRITON") == "1"
-try:
-    import aiohttp  # noqa: F401 - the client's transport (the triton extra)
-except ImportError:
-    INSTALL, WHY = None, "aiohttp is not installed (pip install -e '.[triton]')"
-
-pytestmark = [pytest.mark.triton, pytest.mark.slow,
-              pytest.mark.skipif(INSTALL is None and not REQUIRED, reason=WHY)]
-
-if INSTALL is None and REQUIRED:
-    pytest.fail(f"SCHEDSIM_REQUIRE_TRITON=1 but {WHY}", pytrace=False)
+from schedsim.triton.server import ServerError, TritonServer
+from triton_helpers import INSTALL, poisson_trace, pytestmark  # noqa: F401 - skip/require a tritonserver
 
 BURSTS = [3, 5, 8, 2, 7, 1, 4, 6, 8, 3]
 """Requests arriving at the same instant, 0.25 s apart: with a 100 ms queue delay and
@@ -49,14 +34,6 @@ def burst_trace(path: Path, bursts=BURSTS, gap_s: float = 0.25, seq_len: int = 1
             rows.append(f"{i},{j * gap_s:.3f},{seq_len}")
             i += 1
     path.write_text("\n".join(rows) + "\n")
-    return path
-
-
-def poisson_trace(path: Path, rate: float, seconds: float, seq_len: int = 16) -> Path:
-    import numpy as np
-
-    t = np.cumsum(np.random.default_rng(7).exponential(1 / rate, int(rate * seconds)))
-    path.write_text("request_id,arrival_s,seq_len\n" + "".join(f"{i},{x:.6f},{seq_len}\n" for i, x in enumerate(t)))
     return path
 
 
