@@ -95,8 +95,6 @@ def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
     ci = summary.get(f"{key}_ci")
     if ci:
         text += f"  [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"
-    if f"{key}_lo" in summary:
-        text += f" ({summary[f'{key}_lo']:,.{digits}f}–{summary[f'{key}_hi']:,.{digits}f})"
     return text
 
 

@@ -222,13 +222,30 @@ def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random
     return out
 
 
+_PRINTED = {  # (label, keys with their short names, unit, digits) per line of the printout
+    "request": [("latency", (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p999_ms", "p99.9"),
+                             ("mean_ms", "mean")), "ms", 3),
+                ("throughput", (("throughput_rps", ""),), "req/s", 1)],
+    "llm": [(name.upper(), tuple((f"{name}_{q}_ms", q) for q in ("p50", "p90", "p99", "mean")), "ms", 2)
+            for name in ("ttft", "tpot", "e2e")],
+}
+
+
 def band_text(summary: dict) -> str | None:
-    """One line saying what the printed bands are, or None when the run has none."""
+    """The printout's band lines: what the band is, then each banded figure's range; None
+    when the run has no band."""
     band = summary.get("band")
     if not isinstance(band, dict):
         return None
-    return (f"band (in parentheses): {band['level']:.0%} of live runs of this trace land in that range "
-            f"({band['replications']} replications; {', '.join(band['sources'])})")
+    kind = "llm" if "ttft_p50_ms_lo" in summary else "request"
+    lines = [f"{band['level']:.0%} band, the range one live run of this trace lands in {band['level']:.0%} of the "
+             f"time ({band['replications']} replications; {', '.join(band['sources'])}):"]
+    for label, keys, unit, digits in _PRINTED[kind]:
+        parts = [f"{short + ' ' if short else ''}{summary[f'{k}_lo']:,.{digits}f}-{summary[f'{k}_hi']:,.{digits}f}"
+                 for k, short in keys if f"{k}_lo" in summary]
+        if parts:
+            lines.append(f"  {label} {', '.join(parts)} {unit}")
+    return "\n".join(lines)
 
 
 def request_level_one(spec, inputs, cost, contention: dict | None = None):
