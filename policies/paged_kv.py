@@ -329,6 +329,8 @@ class PagedKV(LLMPolicy):
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
         if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
             repeat = self._repeat_horizon(rows, ctx)
+            if repeat > 1 and prefix_caching and (self.waiting or self.swapped):
+                repeat = self._until_new_shared_keys(rows, ctx, repeat)
         step = make_step(rows, ntok, ctx, emit, repeat=repeat,
                          rejects=rejects(self.too_long), swap_in_blocks=swap_in_blocks,
                          swap_out_blocks=self._swapped_out_now,
@@ -380,6 +382,15 @@ class PagedKV(LLMPolicy):
                 if e:
                     generated[r] += 1
         finished = [r for r in rows if generated[r] >= output[r]]
+        if self.prefix_caching and repeats > 1:
+            # What the steps of the run registered one by one: a row's blocks up to the last
+            # block it filled, where it filled one (a row behind, such as one swapped in with
+            # fresh blocks, registers at its next filled block, as step by step).
+            full = self.full
+            for r in rows:
+                c = computed[r]
+                if c // bs > full[r] and c // bs > (c - repeats) // bs and generated[r] < output[r]:
+                    self._cache_full_blocks(r, c // bs)
         if finished:
             done = set(finished)
             for r in finished:
@@ -389,11 +400,6 @@ class PagedKV(LLMPolicy):
                 cap[r] = 0
                 self.keys.pop(r, None)
             self.running = [r for r in self.running if r not in done]
-        elif self.prefix_caching and repeats > 1:
-            full = self.full
-            for r in rows:
-                if computed[r] // bs > full[r]:
-                    self._cache_full_blocks(r, computed[r] // bs)
 
     def stats(self) -> dict:
         return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
@@ -524,6 +530,21 @@ class PagedKV(LLMPolicy):
             else:
                 hi = mid
         return lo
+
+    def _until_new_shared_keys(self, rows: list, ctx: list, horizon: int) -> int:
+        """Cut a decode run before the step in which a row fills a block whose key other
+        requests share: registering it there may give the waiting head enough prefix hits
+        for its whole prompt to fit (whole-prompt admission counts hits), so that step must
+        be decided anew. Without whole-prompt admission hits never change whether a first
+        chunk fits (a hit saves as many blocks as it covers)."""
+        bs, full, keys = self.block_size, self.full, self.keys
+        for r, c in zip(rows, ctx):
+            if keys[r].shared > full[r]:
+                j = (-c) % bs or bs   # step (1-based) whose token fills a block
+                if j == 1:
+                    j += bs
+                horizon = min(horizon, j - 1)
+        return max(horizon, 1)
 
     def _replay_allocations(self, rows: list, ctx: list, repeats: int) -> None:
         """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took.

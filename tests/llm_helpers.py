@@ -41,3 +41,20 @@ def step_log(step) -> list[tuple]:
     """A step as [(row, tokens, context, emits), ...] for golden comparisons."""
     return [(int(r), int(n), int(c), bool(e))
             for r, n, c, e in zip(step.rows, step.num_tokens, step.context, step.emits)]
+
+
+class OneStepAtATime:
+    """The same policy with every step's repeat forced to 1 (what a live engine runs)."""
+
+    def __init__(self, policy):
+        self.inner = policy
+        self.holds_responses = getattr(policy, "holds_responses", False)
+        self.kv_blocks_total = policy.kv_blocks_total
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def schedule(self, now_ns):
+        step = self.inner.schedule(now_ns)
+        step.repeat = 1
+        return step

@@ -119,21 +119,6 @@ def test_every_request_gets_its_tokens_and_they_are_the_dense_greedy_ones(model,
     assert (result.step_repeats == 1).all()
 
 
-class OneStep:
-    """A policy whose steps are never repeated (what the live driver runs), for the simulator."""
-
-    def __init__(self, policy):
-        self.inner = policy
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def schedule(self, now_ns):
-        step = self.inner.schedule(now_ns)
-        step.repeat = 1
-        return step
-
-
 @pytest.mark.parametrize("params", [
     dict(scheduling_policy="priority"),                              # priority order and victims
     dict(scheduling_policy="priority", scheduler_reserve_full_isl=False),
@@ -144,14 +129,14 @@ def test_the_live_engine_runs_the_policy_decisions_the_simulator_makes(model, pa
     every request delivered before the first step, the live run takes the simulator's steps,
     step for step, and each request gets its dense greedy tokens."""
     from schedsim.core.llm_simulate import simulate_llm
-    from llm_helpers import LinearCost
+    from llm_helpers import LinearCost, OneStepAtATime
 
     rng = np.random.default_rng(4)
     n = 12
     req = llm_requests(np.zeros(n), rng.integers(10, 70, n), rng.integers(3, 25, n), priority=rng.integers(0, 3, n))
     params = dict(block_size=BS, num_gpu_blocks=24, max_num_seqs=8, max_num_batched_tokens=96) | params
     result, extra = live(model, req, "paged-kv", num_blocks=24, **params)
-    sim = simulate_llm(req, OneStep(build_policy("paged-kv", params)), LinearCost())
+    sim = simulate_llm(req, OneStepAtATime(build_policy("paged-kv", params)), LinearCost())
     assert (result.status == COMPLETED).all() and (sim.status == COMPLETED).all()
     for name in ("step_seqs", "step_tokens", "step_prefill_tokens", "step_preempted", "step_kv_blocks"):
         np.testing.assert_array_equal(getattr(result, name), getattr(sim, name), err_msg=name)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from policies import Continuous, PagedKV, StaticLLM
 from schedsim.core.llm_simulate import simulate_llm
 from schedsim.core.results import COMPLETED, REJECTED_TOO_LONG
-from llm_helpers import LinearCost, llm_requests
+from llm_helpers import LinearCost, OneStepAtATime, llm_requests
 
 traces = st.integers(1, 25).flatmap(lambda n: st.tuples(
     st.lists(st.floats(0, 0.05), min_size=n, max_size=n),
@@ -53,23 +53,6 @@ reserving = st.one_of(
               num_gpu_blocks=st.integers(4, 60), max_num_seqs=st.integers(1, 8), max_model_len=st.sampled_from([64, 128])),
     st.builds(StaticLLM, batch_size=st.integers(1, 6), block_size=st.sampled_from([4, 8]),
               num_gpu_blocks=st.integers(4, 60), max_model_len=st.sampled_from([64, 128])))
-
-
-class OneStepAtATime:
-    """The same policy with every step's repeat forced to 1 (what a live engine runs)."""
-
-    def __init__(self, policy):
-        self.inner = policy
-        self.holds_responses = getattr(policy, "holds_responses", False)
-        self.kv_blocks_total = policy.kv_blocks_total
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def schedule(self, now_ns):
-        step = self.inner.schedule(now_ns)
-        step.repeat = 1
-        return step
 
 
 def fields(result):
