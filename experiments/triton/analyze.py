@@ -13,9 +13,10 @@ Compared:
 - client-side p50/p99 (latency from each request's scheduled time to its answer) against
   the simulator's percentiles plus the request path the profiler measured
   (``triton_terms.request_path_us``: the client's latency beyond Triton's own request time);
-- server-side p50/p99/mean per request, where the grid traced requests
-  (``triton_server_side_*.jsonl``: Triton's REQUEST_START -> REQUEST_END of one request in
-  N, after the warm-up) against the simulator's percentiles: the issue's target figure;
+- server-side p50/p99 per request against the simulator's percentiles: from the model's
+  execution log when the run has one (each request's send to the end of its execution),
+  else from Triton's trace where the grid traced requests (``triton_server_side_*.jsonl``:
+  REQUEST_START -> REQUEST_END of one request in N, after the warm-up);
 - throughput;
 - where the simulator reports a band (``p99_ms_lo``/``p99_ms_hi``), whether the live median
   and each live run fall inside it.
@@ -102,7 +103,10 @@ def main(argv=None) -> int:
                 side[(r["config"], r["arrival"], r["load"], r["rep"])] = r
         for line in g.read_text().splitlines():
             run = json.loads(line)
-            run["server_side"] = side.get((run["config"], run["arrival"], run["load"], run["rep"]))
+            # The model's execution log when the run has one (send -> execute end, every request);
+            # else Triton's trace beside the grid (REQUEST_START -> REQUEST_END, one request in N).
+            run["server_side"] = run.get("server_side") or side.get((run["config"], run["arrival"], run["load"],
+                                                                     run["rep"]))
             # The rate is part of the cell: each device call measures the capacity afresh.
             cells[(run["config"], run["arrival"], run["load"], round(run["rate_rps"], 1))].append(run)
     rows = []

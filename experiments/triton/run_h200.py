@@ -82,6 +82,11 @@ def _seed(*parts) -> int:
     return zlib.crc32(" ".join(map(str, parts)).encode())
 
 
+def log_dir(work: Path, cfg: dict, rep: int) -> Path:
+    """Where the server's model writes its execution log (schedsim.triton.execution_log)."""
+    return work / f"{cfg['name']}-rep{rep}" / "executions"
+
+
 def start_server(cfg: dict, work: Path, rep: int, cpu: bool) -> TritonServer:
     params = {"model": MODEL, "engine": "torch", "precision": "fp16", "cuda_graphs": 1, "seq_lens": str(SEQ_LEN),
               "seed": 0}
@@ -89,9 +94,9 @@ def start_server(cfg: dict, work: Path, rep: int, cpu: bool) -> TritonServer:
     if cpu:
         params |= {"model": ON_CPU["model"], "engine": ON_CPU["engine"], "seq_lens": str(ON_CPU["seq_len"])}
         kind, hidden = ON_CPU["kind"], ON_CPU["hidden"]
-    mc = model_config(NAME, policy=cfg["policy"], params=cfg["params"], instances=cfg["instances"],
-                      kind=kind, max_batch_size=1, hidden=hidden, parameters=params)
     repo = work / f"{cfg['name']}-rep{rep}" / "repo"
+    mc = model_config(NAME, policy=cfg["policy"], params=cfg["params"], instances=cfg["instances"], kind=kind,
+                      max_batch_size=1, hidden=hidden, parameters=params | {"execution_log": str(log_dir(work, cfg, rep))})
     write_repository(repo, NAME, mc)
     # Tracing off server-wide; each cell turns it on for its model at --trace-rate.
     args = ("--trace-config", f"triton,file={repo.parent / 'trace.json'}", "--trace-config", "level=TIMESTAMPS",
@@ -162,7 +167,7 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
         set_trace(url, args.trace_rate)
     window_ns = time.monotonic_ns() + int(args.warmup_s * 1e9)
     _, summary, _ = execute_live_triton(TritonLiveSpec(run=run, url=url, model_name=NAME, processes=processes,
-                                                       seq_len=seq_len))
+                                                       seq_len=seq_len, execution_log=log_dir(work, cfg, rep)))
     window = (window_ns, time.monotonic_ns())
     if args.trace_rate:
         set_trace(url, None)
@@ -175,7 +180,8 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
             "rate_rps": rate, "seed": seed, "duration_s": duration, "requests_in_trace": len(trace),
             "client_processes": processes, "wall_s": round(time.monotonic() - t, 2),
             "summary": {k: summary.get(k) for k in keep}, "live": summary["live"],
-            "triton_delta": stats["delta"], "trace_window_ns": window, "trace_rate": args.trace_rate}
+            "triton_delta": stats["delta"], "trace_window_ns": window, "trace_rate": args.trace_rate,
+            "server_side": summary.get("server_side")}
 
 
 def main(argv=None) -> int:
@@ -191,8 +197,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-duration-s", type=float, default=8.0)
     ap.add_argument("--warmup-s", type=float, default=0.5)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start nothing after this much wall time")
-    ap.add_argument("--trace-rate", type=int, default=8,
-                    help="trace one request in N of each cell (server-side percentiles); 0: off")
+    ap.add_argument("--trace-rate", type=int, default=0,
+                    help="also trace one request in N of each cell with Triton's trace API (it kills Triton 2.51 "
+                         "under load; the model's execution log gives server-side percentiles without it); 0: off")
     ap.add_argument("--cpu", action="store_true", help="bert-tiny in numpy on KIND_CPU: check the script off the GPU")
     args = ap.parse_args(argv)
     t_start = time.monotonic()

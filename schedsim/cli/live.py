@@ -262,7 +262,7 @@ def live(
     # --- end of the LLM live flags ---
     triton_url: Annotated[Optional[str], typer.Option(help="--backend triton: drive the server already running at HOST:PORT (its HTTP endpoint) instead of starting one.")] = None,
     triton_model: Annotated[Optional[str], typer.Option(help="--backend triton: the model to drive on --triton-url.")] = None,
-    triton_trace_rate: Annotated[Optional[int], typer.Option(help="--backend triton: also record Triton's per-request timestamps for one request in N (its trace API; off by default: server-side times come from its statistics, read before and after the run).")] = None,
+    triton_trace_rate: Annotated[Optional[int], typer.Option(help="--backend triton: also record Triton's per-request timestamps for one request in N (its trace API; off by default: it kills Triton 2.51 under load; server-side times come from its statistics and the builtin model's execution log).")] = None,
     client_processes: Annotated[int, typer.Option(help="--backend triton: client processes sending the trace (one asyncio loop each); raise it when the lateness grows.")] = 1,
 ):
     """Replay TRACE in real time against a real engine, driven by the same policy as schedsim run.

@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from schedsim.errors import InputError
+from schedsim.triton.execution_log import PARAMETER as LOG_PARAMETER
+from schedsim.triton.execution_log import per_request, read_execution_log, server_side_summary
 from schedsim.triton.server import ServerError
 
 DEFAULT_MODEL_NAME = "schedsim_encoder"
@@ -72,6 +74,9 @@ class TritonLiveSpec:
     """Trace one request in this many with Triton's trace API (a server schedsim starts); None = off."""
     processes: int = 1
     """Client processes (one asyncio loop each)."""
+    execution_log: Path | None = None
+    """With url: the folder where that server's schedsim model writes its execution log
+    (:mod:`schedsim.triton.execution_log`); a server schedsim starts writes OUT/executions."""
     ready_timeout_s: float = 300.0
     """How long the server may take to load the model."""
 
@@ -230,6 +235,11 @@ def execute_live_triton(spec: TritonLiveSpec):
         if seq_lens and max(seq_lens) > 512:
             raise InputError(f"--model {spec.model} takes seq_len up to 512, but the trace has seq_len {max(seq_lens)}")
         params, kind, env = _model_params(spec, seq_lens)
+        log_dir = out / "executions"
+        if log_dir.is_dir():  # a run owns its directory: no lines from an earlier run
+            for old in log_dir.glob("*.log"):
+                old.unlink()
+        params[LOG_PARAMETER] = str(log_dir.resolve())
         hidden = 768 if spec.model.endswith("bert-base") else 128
         cfg = model_config(name, policy=spec.run.policy, params=inputs.params, instances=inputs.instances,
                            kind=kind, max_batch_size=largest, hidden=hidden, parameters=params)
@@ -319,7 +329,7 @@ def execute_live_triton(spec: TritonLiveSpec):
         "client_processes": record.processes, "triton_url": spec.url, "triton_model": name,
         "triton_trace_rate": spec.trace_rate,
         "triton_prefetches": triton_prefetches(inputs.params) if spec.run.policy == "dynamic" else False,
-        "server_side_times": "statistics" + (f" and trace 1/{spec.trace_rate}" if spec.trace_rate else ""),
+        "server_side_times": "statistics" + (f", trace 1/{spec.trace_rate}" if spec.trace_rate else ""),
     }
     summary["partial"] = partial_reason is not None
     if partial_reason:
@@ -343,6 +353,14 @@ def execute_live_triton(spec: TritonLiveSpec):
                "latency_ms": np.where(answered >= 0, (answered - record.scheduled_ns[:keep]) / 1e6, np.nan),
                "http_status": record.http_status[:keep],
                "status": [_status_name(s) for s in status.tolist()], "error": record.error[:keep]}
+    log_dir = spec.execution_log if spec.url is not None else out / "executions"
+    if log_dir is not None and Path(log_dir).is_dir():
+        executions = read_execution_log(log_dir, since_ns=t0)
+        model_cols = per_request(executions, range(keep), t0)  # the client sends each row's index as its id
+        columns |= model_cols
+        measured = done & (req.arrival_ns >= int(spec.run.warmup_s * 1e9))
+        summary["server_side"] = server_side_summary(columns["sent_s"], model_cols["model_end_s"], measured)
+        summary["config"]["server_side_times"] += ", the model's execution log"
     for stamp in TRACE_TIMESTAMPS if spec.trace_rate else ():
         columns[f"server_{stamp.lower()}_s"] = np.array(
             [(traced[str(i)][stamp] - t0) / 1e9 if str(i) in traced and stamp in traced[str(i)] else np.nan

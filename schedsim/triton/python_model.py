@@ -60,6 +60,11 @@ class TritonPythonModel:
         max_batch = max(1, int(config.get("max_batch_size", 1)))
         seq_lens = [int(s) for s in p.get("seq_lens", "128").split(",") if s]
         self.engine_name = p.get("engine", "numpy")
+        self._log = None
+        if p.get("execution_log"):
+            from schedsim.triton.execution_log import ExecutionLogWriter
+
+            self._log = ExecutionLogWriter(p["execution_log"], args.get("model_instance_name", "instance"))
         if self.engine_name == "numpy":
             from schedsim.triton.numpy_encoder import NumpyEncoder
 
@@ -98,6 +103,7 @@ class TritonPythonModel:
                 self._infer(rng.integers(0, 1000, (b, s), dtype=np.int64))
 
     def execute(self, requests):
+        began = self._log.now() if self._log is not None else 0
         ids = [pb_utils.get_input_tensor_by_name(r, INPUT_NAME).as_numpy() for r in requests]
         sizes = [a.shape[0] for a in ids]
         # The batcher only puts requests of one seq_len together (no ragged input).
@@ -108,8 +114,12 @@ class TritonPythonModel:
             start += n
             tensor = pb_utils.Tensor.from_dlpack(OUTPUT_NAME, _dlpack_for_triton(part))
             responses.append(pb_utils.InferenceResponse([tensor]))
+        if self._log is not None:
+            self._log.batch(began, self._log.now(), [r.request_id() for r in requests])
         return responses
 
     def finalize(self):
         if self._close is not None:
             self._close()
+        if self._log is not None:
+            self._log.close()

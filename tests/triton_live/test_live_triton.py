@@ -74,8 +74,20 @@ def test_triton_forms_the_batches_the_simulator_forms(tmp_path):
                     <= float(r["server_compute_start_s"]) <= float(r["answered_s"]))
             assert r["status"] == "completed" and r["http_status"] == "200"
     assert starts == sorted(starts)
+    # The model's own execution log holds every request, each burst in one execution, and
+    # its times lie between the client's send and answer (one monotonic clock).
+    first = 0
+    for k in BURSTS:
+        burst = rows[first:first + k]
+        first += k
+        assert len({r["model_start_s"] for r in burst}) == 1
+        assert {r["model_batch_requests"] for r in burst} == {str(k)}
+        for r in burst:
+            assert float(r["sent_s"]) <= float(r["model_start_s"]) <= float(r["model_end_s"]) <= float(r["answered_s"])
     summary = json.loads((tmp_path / "live/summary.json").read_text())
     assert summary["config"]["backend"] == "triton" and summary["live"]["client_lateness_us"]["n"] == sum(BURSTS)
+    assert summary["server_side"]["n"] == sum(BURSTS) and summary["server_side"]["p99_ms"] > 0
+    assert "execution log" in summary["config"]["server_side_times"]
     check = schedsim("validate", "--sim", tmp_path / "sim", "--live", tmp_path / "live", "--json")
     assert check.returncode == 0, check.stderr
     config = (tmp_path / "live/model_repository/schedsim_encoder/config.pbtxt").read_text()
