@@ -329,7 +329,7 @@ class PagedKV(LLMPolicy):
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
         if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
             repeat = self._repeat_horizon(rows, ctx)
-            if repeat > 1 and prefix_caching and (self.waiting or self.swapped):
+            if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
                 repeat = self._until_new_shared_keys(rows, ctx, repeat)
         step = make_step(rows, ntok, ctx, emit, repeat=repeat,
                          rejects=rejects(self.too_long), swap_in_blocks=swap_in_blocks,
