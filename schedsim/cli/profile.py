@@ -130,7 +130,7 @@ def profile(
             precision=None if precision == "fp32" and device != "cuda" else precision, cuda_graphs=cuda_graphs,
             batches=triton_batches, warmup_batches=triton_warmup_batches, depth=triton_depth, trace=triton_trace,
             zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed,
-            wake_requests=triton_wake_requests,
+            wake_requests=triton_wake_requests, warmup_s=warmup_ms / 1e3, min_time_s=min_time_s,
             pair_sizes=int_list(pair_batches, "--pair-batches"))
         outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
         for w in outcome.warnings:

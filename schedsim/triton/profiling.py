@@ -101,6 +101,10 @@ class TritonProfileSpec:
     """Measured executions per batch size."""
     warmup_batches: int = 20
     """Executions per size before the measured stretch (not counted)."""
+    warmup_s: float = 0.5
+    """At least this long of warm-up per size (more executions than warmup_batches when those are quick)."""
+    min_time_s: float = 1.0
+    """At least this long of measurement per size (more executions than batches when those are quick)."""
     depth: int = 2
     """Batches in flight per size (depth x b clients)."""
     protocol: str = "http"
@@ -133,6 +137,9 @@ class TritonProfileSpec:
             raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InputError(f"--batch-sizes: {self.batch_sizes} must be integers >= 1")
+        for flag, v in (("--warmup-ms", self.warmup_s), ("--min-time-s", self.min_time_s)):
+            if not (math.isfinite(v) and v >= 0):
+                raise InputError(f"{flag}: {v} is not valid; expected a number >= 0")
         if any(b not in self.batch_sizes for b in self.pairs()):
             raise InputError(f"--pair-batches: {list(self.pairs())} must be among --batch-sizes {list(self.batch_sizes)}")
         if self.wake_requests and 1 not in self.batch_sizes:
@@ -326,18 +333,34 @@ def settled_snapshot(url: str, model: str, inferences: int, timeout_s: float = 1
         time.sleep(0.005)
 
 
+def _stretch_batches(spec: TritonProfileSpec, cycle_s: float) -> tuple[int, int]:
+    """(extra warm-up batches, measured batches) for a size whose batch cycle is ``cycle_s``:
+    at least ``warmup_s`` of warm-up and ``min_time_s`` of measurement, so small batches are
+    timed over as long a stretch as large ones (and a GPU's clocks have settled)."""
+    extra = max(0, math.ceil((spec.warmup_s - spec.warmup_batches * cycle_s) / cycle_s)) if cycle_s > 0 else 0
+    return extra, max(spec.batches, math.ceil(spec.min_time_s / cycle_s) if cycle_s > 0 else 0)
+
+
 def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> SizeResult:
     name = model_name(b)
     threads = spec.depth * b
-    if spec.warmup_batches:
-        drive_closed_loop(server, spec, name, threads, spec.warmup_batches * b, rng)
-    before = settled_snapshot(server.url, name, spec.warmup_batches * b)
+    warm = spec.warmup_batches
+    cycle_s = 0.0
+    if warm:
+        t = time.monotonic()
+        drive_closed_loop(server, spec, name, threads, warm * b, rng)
+        cycle_s = (time.monotonic() - t) / warm
+    extra, batches = _stretch_batches(spec, cycle_s)
+    if extra:
+        drive_closed_loop(server, spec, name, threads, extra * b, rng)
+        warm += extra
+    before = settled_snapshot(server.url, name, warm * b)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
-    sent, done = drive_closed_loop(server, spec, name, threads, spec.batches * b, rng)
+    sent, done = drive_closed_loop(server, spec, name, threads, batches * b, rng)
     if spec.trace:
         _trace_setting(server.url, name, {"trace_level": ["OFF"]})
-    after = settled_snapshot(server.url, name, (spec.warmup_batches + spec.batches) * b)
+    after = settled_snapshot(server.url, name, (warm + batches) * b)
     d = after.since(before, f"{server.url} statistics")
     (raw / f"stats_{name}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
     n = d.executions(b)
@@ -556,14 +579,16 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         "duration_s": round((datetime.now(timezone.utc) - started).total_seconds(), 1),
         "timing": ("per batch size, a model with max_batch_size b and a 1 s queue delay driven closed loop by "
                    f"depth x b = {spec.depth} x b one-sample clients ({_CLIENTS[spec.protocol]}), so Triton runs "
-                   "full batches back to back; "
-                   "latency_ms_mean and n from the difference of Triton's batch_stats around the measured stretch "
+                   f"full batches back to back, at least {spec.warmup_s:g} s of warm-up and {spec.min_time_s:g} s measured "
+                   "per size; latency_ms_mean and n from the difference of Triton's batch_stats around the measured stretch "
                    "(compute_input + compute_infer + compute_output); spread from each traced execution's "
                    "COMPUTE_START -> COMPUTE_END (one request in b traced)"),
         "spread": ("per-batch samples from Triton's trace" if raw_samples else
                    "unknown: means only (percentiles = mean, std 0: the cost model takes each size's mean)"),
         "batches": spec.batches,
         "warmup_batches": spec.warmup_batches,
+        "warmup_s": spec.warmup_s,
+        "min_time_s": spec.min_time_s,
         "depth": spec.depth,
         "protocol": spec.protocol,
         "seed": spec.seed,

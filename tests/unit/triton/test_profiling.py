@@ -34,7 +34,8 @@ def test_bert_tiny_through_a_cpu_server_gives_a_table_the_simulator_runs_on(tmp_
     proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,2,4",
                     "--seq-lens", "16", "--triton-batches", "20", "--triton-warmup-batches", "4",
                     "--triton-zero-delay-requests", "20", "--triton-protocol", "grpc",
-                    "--triton-wake-requests", "5", "--pair-batches", "1,4", "--out", out)
+                    "--triton-wake-requests", "5", "--pair-batches", "1,4", "--min-time-s", "0", "--warmup-ms", "0",
+                    "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out} (3 batch sizes through Triton)" in proc.stdout
     prof = load_profile(out)
@@ -94,6 +95,8 @@ def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
                                    "--seq-lens", "16,32", "--out", out), "one seq_len")
     with pytest.raises(InputError, match="--triton-depth: 0"):
         TritonProfileSpec(depth=0).check()
+    with pytest.raises(InputError, match="--min-time-s: -1"):
+        TritonProfileSpec(min_time_s=-1).check()
     assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
                                    "--triton-protocol", "quic", "--out", out), "expected http or grpc")
     assert not out.exists()
@@ -106,7 +109,7 @@ def test_the_closed_loop_reaches_the_server_over_either_protocol(tmp_path, proto
     calls. Either way every measured execution is a full batch, counted by Triton itself."""
     _server_or_skip()
     spec = TritonProfileSpec(model="builtin:bert-tiny", batch_sizes=(1, 2), seq_len=8, batches=10, warmup_batches=2,
-                             trace=False, zero_delay_requests=10, protocol=protocol)
+                             trace=False, zero_delay_requests=10, protocol=protocol, warmup_s=0, min_time_s=0)
     outcome = run_triton_profile(spec, tmp_path / "p.csv", note=lambda _: None)
     prof = load_profile(outcome.path)
     assert prof.columns["n"].tolist() == [10, 10]
@@ -115,3 +118,14 @@ def test_the_closed_loop_reaches_the_server_over_either_protocol(tmp_path, proto
     assert terms["protocol"].startswith(client) and terms["requests"] == 10
     assert terms["compute_output_us_per_request"] > 0 and terms["request_path_us"] > 0
     assert np.all(prof.columns["cycle_ms"].astype(float) > 0)
+
+
+def test_quick_sizes_are_timed_for_at_least_the_minimum_stretch():
+    from schedsim.triton.profiling import _stretch_batches
+
+    spec = TritonProfileSpec(batches=100, warmup_batches=20, warmup_s=0.5, min_time_s=1.0)
+    # A 1 ms batch: 20 warm-up batches are 20 ms, 480 more make 0.5 s; 1,000 measured make 1 s.
+    assert _stretch_batches(spec, 1e-3) == (480, 1000)
+    # A 20 ms batch: the counts already cover the times.
+    assert _stretch_batches(spec, 20e-3) == (5, 100)
+    assert _stretch_batches(TritonProfileSpec(batches=7, warmup_s=0, min_time_s=0), 1e-3) == (0, 7)
