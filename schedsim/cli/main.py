@@ -152,6 +152,8 @@ def run(
     plot: Annotated[bool, typer.Option(help="With --out: latency CDF, batch-size histogram, queue length PNGs.")] = False,
     overwrite: Annotated[bool, typer.Option(help="With --out: replace the run in a non-empty directory (its earlier files are removed first).")] = False,
     out_format: Annotated[str, typer.Option("--format", help="With --out: the per-request table as csv (requests.csv) or parquet (requests.parquet).")] = "csv",
+    slo: o.Slo = [],
+    slo_p99_ms: o.SloP99Ms = None,
     json_output: o.JsonOutput = False,
     model_spec: o.ModelSpec = None,
     num_gpu_blocks: o.NumGpuBlocks = None,
@@ -200,7 +202,8 @@ def run(
         extrapolate=extrapolate, dispatch_overhead_us=dispatch_overhead_us,
         wake_overhead_us=wake_overhead_us, power_cap=power_cap, contention_profiles=tuple(contention_profile),
         out=out, plot=plot, overwrite=overwrite, out_format=out_format, replicas=replicas, router=router,
-        band=band, band_replications=band_replications, band_arrivals=band_arrivals)
+        band=band, band_replications=band_replications, band_arrivals=band_arrivals,
+        slo=tuple(slo), slo_p99_ms=slo_p99_ms)
     llm = o.llm_options(locals())
     outcome = execute(spec, llm)
     if json_output:

@@ -43,6 +43,10 @@ TritonConfig = Annotated[Optional[Path], typer.Option(
 Instances = Annotated[Optional[int], typer.Option(help="Model instances serving in parallel (default 1).")]
 WarmupS = Annotated[float, typer.Option(help="Leave out requests arriving before this time.")]
 RateScale = Annotated[float, typer.Option(help="Replay the trace at this multiple of its rate.")]
+Slo = Annotated[list[str], typer.Option(
+    help="SLO on a summary metric, e.g. p99_ms<=5 (repeatable): the capacity reported is then the highest "
+         "rate meeting it, found by replaying the trace faster and slower.")]
+SloP99Ms = Annotated[Optional[float], typer.Option(help="Shorthand for --slo p99_ms<=X.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
 Cpu = Annotated[Optional[str], typer.Option(
     help="Pin the process before the engine starts: to a CPU number, or auto (the fastest by a "

@@ -36,12 +36,17 @@ def print_summary(outcome) -> None:
     for name, value in rows:
         table.add_row(name, value)
     util = s.get("utilization") or []
-    table.add_row("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-")
+    # Busy time grows with batching at any load that fills a batch now and then: not headroom.
+    table.add_row("instance utilisation (busy time)", ", ".join(f"{u:.1%}" for u in util) or "-")
+    for name, value in capacity_rows(s):
+        table.add_row(name, value)
     if s.get("replications", 1) > 1:
         table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
     console.print(table)
     if band_text(s):
         console.print(band_text(s), highlight=False, soft_wrap=True)
+    if capacity_line(s):
+        console.print(capacity_line(s), highlight=False, soft_wrap=True)
     hist = s.get("batch_size_histogram") or {}
     if hist:
         console.print(batch_size_line(hist))
@@ -54,6 +59,43 @@ def print_summary(outcome) -> None:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")
+
+
+def capacity_rows(s: dict) -> list[tuple[str, str]]:
+    """The capacity rows of a summary (schedsim.planning.capacity): what a planner acts on."""
+    if "capacity_rps" not in s:
+        return []
+    rows = [("capacity (req/s)", fmt_metric(s, "capacity_rps", 1)),
+            ("headroom (capacity / offered)", _times(s.get("headroom")))]
+    if s.get("capacity_output_tokens_per_s") is not None:
+        rows.append(("capacity (output tokens/s)", fmt_metric(s, "capacity_output_tokens_per_s", 0)))
+    if s.get("gpu_work_share") is not None:
+        rows.append(("GPU work share (offered / saturation)", _share(s.get("gpu_work_share"))))
+    if s.get("gpu_busy_fraction") is not None:
+        rows.append(("GPU busy (any batch running)", _share(s.get("gpu_busy_fraction"))))
+    return rows
+
+
+def capacity_line(s: dict) -> str:
+    """How the capacity was found, and what the headroom means."""
+    cap = s.get("capacity")
+    if not cap:
+        return ""
+    head = s.get("headroom")
+    verdict = ""
+    if isinstance(head, float) and head == head:
+        verdict = (f": the offered load can grow {head:,.2f}x" if head >= 1 else
+                   f": the offered load is {1 / head:,.2f}x what it can take" if head > 0 else
+                   ": no rate tried meets the SLO")
+    return f"capacity: {cap.get('basis')}{verdict}"
+
+
+def _times(v) -> str:
+    return "-" if v is None or v != v else f"{v:,.2f}x"
+
+
+def _share(v) -> str:
+    return "-" if v is None or v != v else f"{v:.1%}"
 
 
 SHOWN_SIZES = 12
@@ -121,9 +163,15 @@ def print_llm_summary(outcome) -> None:
     ]
     if any(s.get("config", {}).get(k) is not None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
         pairs += [("goodput (req/s)", fmt("goodput_rps", 2)), ("SLO attainment", fmt("slo_attainment", 3))]
+    pairs += capacity_rows(s)
     for name, value in pairs:
         rows.add_row(name, value)
     console.print(rows)
+    if capacity_line(s):
+        console.print(capacity_line(s), highlight=False, soft_wrap=True)
+    effective = s.get("config", {}).get("effective")
+    if effective:
+        console.print(settings_line(effective), highlight=False, soft_wrap=True)
     for note in s.get("warnings", []):
         console.print(f"[yellow]warning:[/yellow] {note}")
     for note in s.get("notes", []):

@@ -15,7 +15,8 @@ from schedsim.errors import InputError
 from schedsim.live.llm_driver import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
 from schedsim.run.bands import LLM_KEYS, compute_band, host_sigma, llm_one, plan_band, trace_duration_s
-from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, policy_config, trace_notes
+from schedsim.planning.capacity import llm_capacity
+from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, effective_settings, policy_config, trace_notes
 from schedsim.traces.io import scale_rate
 
 LLM_POLICY_NAMES = ("continuous", "paged-kv", "llm-static")
@@ -101,13 +102,20 @@ def execute_llm(spec, options: LLMOptions, trace):
         summary = combine_replications(summaries)
     if band_plan is not None:
         summary |= band
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the capacity burst's warnings repeat the run's
+        summary |= llm_capacity(lambda: build_policy(name, spec.params | options.params), requests, cost,
+                                summary.get("offered_rps", float("nan")), seed=spec.seed)
     if overloaded(summary):
         notes.append(overload_warning(summary))
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
     summary["config"] = policy_config(spec, RunInputs(trace, requests, policy, spec.params | options.params, 1)) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
         "slo_ttft_ms": options.slo_ttft_ms, "slo_tpot_ms": options.slo_tpot_ms,
-        "slo_e2e_ms": options.slo_e2e_ms, "policy_stats": stats}
+        "slo_e2e_ms": options.slo_e2e_ms, "policy_stats": stats,
+        "effective": effective_settings(policy) | {"instances": 1, "profile": Path(profile_path).name,
+                                                   "device": profile.meta.get("device"),
+                                                   "model": budget.spec.name if budget else None}}
     if notes:
         summary["warnings"] = notes
     if trace_notes(trace):

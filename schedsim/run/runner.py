@@ -16,10 +16,12 @@ from schedsim.planning.fleet import simulate_spec_fleet
 from schedsim.registry import build_policy
 from schedsim.run.bands import (REQUEST_KEYS, compute_band, host_sigma, plan_band, request_level_one,
                                  trace_duration_s)
+from schedsim.core.results import PolicyError
+from schedsim.run.guard import check_served, guard, unwrap
 from schedsim.run.llm_runner import execute_llm, is_llm_run, might_be_llm
 from schedsim.run.outdir import claim_run_dir
-from schedsim.run.spec import (LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, policy_config,
-                                 trace_notes)
+from schedsim.run.spec import (LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, effective_settings,
+                                 policy_config, trace_notes)
 from schedsim.traces.io import from_first_arrival, load_trace, scale_rate
 from schedsim.triton.config import load_triton_config, to_policy_kwargs
 
@@ -77,7 +79,8 @@ def load_inputs(spec: RunSpec, trace=None) -> RunInputs:
     """Check the spec, build the policy, load (and rescale) the trace (unless given)."""
     check_spec(spec)
     params, instances = policy_params(spec)
-    policy = build_policy(effective_policy(spec), params)
+    # A user's policy runs guarded: a spinning or failing one ends the run with one line.
+    policy = guard(build_policy(effective_policy(spec), params), spec.policy)
     trace = prepare_trace(spec, trace)
     if spec.rate_scale != 1.0:
         trace = scale_rate(trace, spec.rate_scale)
@@ -89,6 +92,7 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
     trace = None
     llm = llm or LLMOptions()
     check_spec(spec)
+    slo_terms(spec)
     if spec.out is not None:
         claim_run_dir(spec.out, spec.overwrite)  # before simulating: a bad --out fails now
     if might_be_llm(spec.policy, llm):
@@ -128,10 +132,14 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
 
     results, summaries = [], []
     for i in range(spec.replications):
-        if spec.replicas > 1:
-            result = simulate_spec_fleet(spec, inputs, cost, seed=spec.seed + i)
-        else:
-            result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
+        try:
+            if spec.replicas > 1:
+                result = simulate_spec_fleet(spec, inputs, cost, seed=spec.seed + i)
+            else:
+                result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
+        except PolicyError as exc:
+            raise policy_input_error(exc, spec.policy, policy) from exc
+        check_served(result, spec.policy)
         results.append(result)
         summaries.append(summarize(result, spec.warmup_s))
     summary = summaries[0] if len(summaries) == 1 else (
@@ -152,7 +160,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         # Instances with a measured pair grid share the GPU by the batches' sizes.
         "pair_slowdown": str(grid_model.profile.path) if grid_model is not None else None,
         "power_cap": cost.power_cap.describe() if cost.power_cap is not None else None,
-        "effective": effective_settings(policy) | {
+        "effective": effective_settings(unwrap(policy)) | {
             "instances": instances, "profile": Path(profile_path).name,
             "device": cost.profile.meta.get("device"), "model": cost.profile.meta.get("model")},
     }
@@ -160,6 +168,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         summary["config"] |= {"replicas": spec.replicas, "router": spec.router}
     if notes:
         summary["notes"] = notes
+    summary |= request_capacity(spec, inputs, cost, summary, results[0])
     warning = overload(summary, results[0], spec.warmup_s)
     if warning:
         summary["warnings"] = [warning]
@@ -176,23 +185,61 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     return outcome
 
 
-def effective_settings(policy) -> dict:
-    """The settings ``policy`` runs with, defaults included: each constructor parameter the
-    object keeps under its own name (or, for ``*_us``, as ``*_ns``)."""
-    out = {"policy": getattr(policy, "name", type(policy).__name__)}
-    for name in inspect.signature(type(policy)).parameters:
-        if hasattr(policy, name):
-            value = getattr(policy, name)
-        elif name.endswith("_us") and hasattr(policy, name[:-3] + "_ns"):
-            ns = getattr(policy, name[:-3] + "_ns")
-            value = ns // 1000 if isinstance(ns, int) and ns % 1000 == 0 else ns / 1000
+def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, result) -> dict:
+    """summary.json's capacity keys (schedsim.planning.capacity): the saturation rate of this
+    configuration, with ``--slo`` the highest rate meeting it, the headroom to the offered
+    rate, and the GPU's busy fraction."""
+    from schedsim.planning.capacity import Capacity, gpu_busy_fraction, highest_meeting, keeps_up, saturation
+
+    slo = slo_terms(spec)
+    policy, instances = inputs.policy, inputs.instances
+
+    def simulate_at(requests, seed):
+        try:
+            if spec.replicas > 1:
+                return simulate_spec_fleet(spec, dataclasses.replace(inputs, requests=requests), cost, seed=seed)
+            return simulate(requests, policy, cost, instances=instances, seed=seed)
+        except PolicyError as exc:
+            raise policy_input_error(exc, spec.policy, policy) from exc
+
+    rate, mean_batch = saturation(inputs.requests, policy, cost,
+                                  lambda r, p, c, instances, seed: simulate_at(r, seed),
+                                  instances=instances, seed=spec.seed)
+    offered = summary.get("offered_rps", float("nan"))
+    slo_rps = None
+    if slo:
+        from schedsim.planning.objective import check_keys, meets
+
+        check_keys(summary, [c.key for c in slo], "--slo")
+
+        def meets_at(multiple: float) -> bool:
+            scaled = scale_rate(inputs.trace, multiple)
+            one = summarize(simulate_at(Requests.from_trace(scaled), spec.seed), spec.warmup_s / multiple)
+            return meets(one, slo) and keeps_up(one)
+
+        if offered > 0 and rate > 0:
+            slo_rps = offered * highest_meeting(meets_at, rate / offered)
         else:
-            continue
-        if isinstance(value, tuple):
-            value = list(value)
-        if value is None or isinstance(value, (bool, int, float, str, list)):
-            out[name] = value
-    return out
+            slo_rps = float("nan")
+    capacity = Capacity(rate, offered, slo_rps, tuple(str(c) for c in slo), mean_batch)
+    return capacity.summary() | {"gpu_busy_fraction": gpu_busy_fraction(result, spec.warmup_s)}
+
+
+def slo_terms(spec: RunSpec) -> tuple:
+    """``--slo`` and ``--slo-p99-ms`` as constraints (checked before any simulating)."""
+    if not spec.slo and spec.slo_p99_ms is None:
+        return ()
+    from schedsim.planning.objective import parse_slo
+
+    return parse_slo(list(spec.slo), spec.slo_p99_ms)
+
+
+def policy_input_error(exc: PolicyError, label: str, policy) -> InputError:
+    """A policy that broke the driver's contract, as one line naming the policy."""
+    if isinstance(exc.__cause__, InputError) or str(exc).startswith("--policy"):
+        return InputError(str(exc))
+    text = str(exc).replace(type(policy).__name__, type(unwrap(policy)).__name__, 1)
+    return InputError(f"--policy {label}: {text}")
 
 
 def contention_models(spec: RunSpec, profile_path, cost) -> dict:

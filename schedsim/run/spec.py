@@ -3,6 +3,7 @@ builds from them and what it returns. Shared by the request-level and LLM runner
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,10 @@ class RunSpec:
     """Replicas behind a router, each with its own policy and ``instances`` instances."""
     router: str = "round-robin"
     """With replicas > 1: round-robin, least-outstanding, jsq, or module:Class / file.py:Class."""
+    slo: tuple = ()
+    """SLO terms on summary metrics (``p99_ms<=5``): the capacity is then the highest rate meeting them."""
+    slo_p99_ms: float | None = None
+    """Shorthand for the SLO term ``p99_ms<=X``."""
     band: float | None = None
     """Prediction band level; None = 0.9 up to 50,000 requests, 0 = none (:mod:`schedsim.run.bands`)."""
     band_replications: int | None = None
@@ -166,4 +171,23 @@ def _plain(params: dict) -> dict:
         elif isinstance(value, tuple):
             value = list(value)
         out[key] = value
+    return out
+
+
+def effective_settings(policy) -> dict:
+    """The settings ``policy`` runs with, defaults included: each constructor parameter the
+    object keeps under its own name (or, for ``*_us``, as ``*_ns``)."""
+    out = {"policy": getattr(policy, "name", type(policy).__name__)}
+    for name in inspect.signature(type(policy)).parameters:
+        if hasattr(policy, name):
+            value = getattr(policy, name)
+        elif name.endswith("_us") and hasattr(policy, name[:-3] + "_ns"):
+            ns = getattr(policy, name[:-3] + "_ns")
+            value = ns // 1000 if isinstance(ns, int) and ns % 1000 == 0 else ns / 1000
+        else:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        if value is None or isinstance(value, (bool, int, float, str, list)):
+            out[name] = value
     return out
