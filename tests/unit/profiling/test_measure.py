@@ -130,7 +130,10 @@ def test_gpu_sampler_records_while_the_block_runs_and_stops_after(tmp_path, monk
     out = tmp_path / "smi.csv"
     with measure.gpu_sampler(out, 10) as smi:
         smi.avoid([0])  # moved off CPU 0 where there is another; left where it is where there is not
+        deadline = time.monotonic() + 5.0  # 0.3 s is enough on an idle host; a loaded one needs longer
         time.sleep(0.3)
+        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+            time.sleep(0.05)
     assert smi.proc.poll() is not None  # terminated, not left running
     lines = out.read_text().splitlines()
     assert len(lines) >= 3 and lines[0].split(", ")[1] == "1980"
