@@ -233,6 +233,7 @@ def live(
     cpu: o.Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Write requests.csv, summary.json, batches.csv, live.json here (required).")] = None,
     plot: Annotated[bool, typer.Option(help="Also write the plots of schedsim run.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace the run in a non-empty --out directory (its earlier files are removed first).")] = False,
     json_output: o.JsonOutput = False,
     # --- LLM live backend (--backend torch-llm): the LLM flags of schedsim run ---
     model_spec: o.ModelSpec = None,
@@ -280,7 +281,12 @@ def live(
         allow_timeout_override=allow_timeout_override, preserve_ordering=preserve_ordering,
         batch_size=batch_size, max_wait_us=max_wait_us, param=param)
     run = RunSpec(trace=trace, policy=policy, params=params, triton_config=triton_config, instances=instances, warmup_s=warmup_s,
-                  rate_scale=rate_scale, out=out, plot=plot)
+                  rate_scale=rate_scale, out=out, plot=plot, overwrite=overwrite)
+    if out is None:
+        raise InputError("--out: a live run needs an output directory")
+    from schedsim.run.outdir import claim_run_dir
+
+    claim_run_dir(out, overwrite)  # before any engine starts: the run owns its directory
     spec = LiveSpec(run=run, backend=backend, model=model, device=device, cuda_graphs=cuda_graphs,
                     precision=precision, seq_len=seq_len, threads=threads, time_limit_s=time_limit_s,
                     spin_us=spin_us, wake_every_arrival=wake_every_arrival, seed=seed, cpu=cpu)

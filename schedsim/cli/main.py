@@ -65,7 +65,7 @@ class _LazyCommands(MutableMapping):
 
     def _load(self, name: str) -> None:
         mount = self._loaders[name]
-        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
         mount(sub)
         built = typer.main.get_group(sub).commands
         for n, m in self._loaders.items():
@@ -103,6 +103,7 @@ class _LazyGroup(TyperGroup):
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_LazyGroup,
+                  rich_markup_mode=None,  # plain help: rich cuts long flag names at 80 columns
                   help="Simulate batching policies for GPU inference serving on measured cost tables.")
 
 

@@ -18,15 +18,21 @@ from schedsim.run.spec import LLMOptions
 Policy = Annotated[str, typer.Option(
     help="none, static, dynamic, or a user's policy as module:Class or path/file.py:Class")]
 MaxBatchSize = Annotated[Optional[int], typer.Option(help="dynamic: most samples in one batch (default 64).")]
-PreferredBatchSize = Annotated[Optional[str], typer.Option(help="dynamic: preferred sizes, e.g. 8,16,32 (default: the max batch size).")]
+PreferredBatchSize = Annotated[Optional[str], typer.Option(
+    "--preferred-batch-size", "--preferred-batch-sizes",
+    help="dynamic: preferred sizes, e.g. 8,16,32 (default: the max batch size; Triton's preferred_batch_size).")]
 MaxQueueDelayUs = Annotated[Optional[int], typer.Option(
-    help="dynamic: how long the oldest request may wait for a better batch (default 0).")]
+    "--max-queue-delay-us", "--max-queue-delay-microseconds",
+    help="dynamic: how long the oldest request may wait for a better batch (default 0). "
+         "Triton's max_queue_delay_microseconds.")]
 Prefetch = Annotated[Optional[bool], typer.Option("--prefetch/--no-prefetch", help=(
     "dynamic: form batches while instances are busy (Triton) or only when one is idle (default)."))]
 PriorityLevels = Annotated[Optional[int], typer.Option(help="dynamic: priority levels (1 is served first).")]
 DefaultPriorityLevel = Annotated[Optional[int], typer.Option(help="dynamic: level of requests with priority 0.")]
 MaxQueueSize = Annotated[Optional[int], typer.Option(help="dynamic: per-level queue limit; a full queue rejects.")]
-DefaultTimeoutUs = Annotated[Optional[int], typer.Option(help="dynamic: queue timeout per request.")]
+DefaultTimeoutUs = Annotated[Optional[int], typer.Option(
+    "--default-timeout-us", "--default-timeout-microseconds",
+    help="dynamic: queue timeout per request (Triton's default_timeout_microseconds).")]
 TimeoutAction = Annotated[Optional[str], typer.Option(help="dynamic: REJECT or DELAY.")]
 AllowTimeoutOverride = Annotated[Optional[bool], typer.Option(
     "--allow-timeout-override/--no-timeout-override",
@@ -111,7 +117,9 @@ def print_json(summary: dict) -> None:
 # --- LLM policies (continuous, paged-kv, static on token traces); vLLM's names -------------
 ModelSpec = Annotated[Optional[str], typer.Option(
     help="LLM: model spec name (llama-1b default, llama-3-8b, ...) or a JSON / HF config.json file.")]
-NumGpuBlocks = Annotated[Optional[int], typer.Option(help="LLM: KV blocks on the GPU (instead of --gpu-memory-gb).")]
+NumGpuBlocks = Annotated[Optional[int], typer.Option(
+    "--num-gpu-blocks", "--num-gpu-blocks-override",
+    help="LLM: KV blocks on the GPU (instead of --gpu-memory-gb; vLLM's --num-gpu-blocks-override).")]
 GpuMemoryGb = Annotated[Optional[float], typer.Option(
     help="LLM: GPU memory to derive KV blocks from, as vLLM does (default 141, an H200).")]
 GpuMemoryUtilization = Annotated[Optional[float], typer.Option(help="LLM: share of GPU memory vLLM may use (0.9).")]
@@ -121,7 +129,8 @@ MaxNumBatchedTokens = Annotated[Optional[int], typer.Option(help="paged-kv: toke
 EnablePrefixCaching = Annotated[Optional[bool], typer.Option(
     "--enable-prefix-caching/--no-enable-prefix-caching", help="paged-kv: reuse cached full KV blocks of shared prefixes.")]
 PreemptionMode = Annotated[Optional[str], typer.Option(help="paged-kv: recompute (vLLM v1) or swap (vLLM v0).")]
-SwapSpaceGb = Annotated[Optional[float], typer.Option(help="paged-kv swap: host swap space in GiB (4).")]
+SwapSpaceGb = Annotated[Optional[float], typer.Option(
+    "--swap-space-gb", "--swap-space", help="paged-kv swap: host swap space in GiB (4; vLLM's --swap-space).")]
 Watermark = Annotated[Optional[float], typer.Option(
     help="paged-kv: share of GPU blocks admissions leave free (0.01 with swap, as vLLM v0; else 0).")]
 LongPrefillTokenThreshold = Annotated[Optional[int], typer.Option(

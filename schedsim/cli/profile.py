@@ -33,7 +33,7 @@ from schedsim.profiling.host import pin_cpu
 # about 0.5 s that listing the commands does not need.
 
 app = typer.Typer(help="Measure engines into cost tables; show and compare them.",
-                  add_completion=False, pretty_exceptions_enable=False)
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 _err = Console(stderr=True)
 
@@ -84,7 +84,7 @@ def profile(
     backend: Annotated[str, typer.Option(help="torch, onnxruntime, tensorrt or triton (through a Triton server: builtin:bert-tiny/bert-base, --device cpu or cuda).")] = "torch",
     precision: Annotated[str, typer.Option(help="fp32, fp16, bf16 or int8.")] = "fp32",
     batch_sizes: Annotated[str, typer.Option(help="Sizes and ranges, e.g. 1,2,4-64.")] = "1,2,4,8,16,32,64",
-    seq_lens: Annotated[str, typer.Option(help="Sequence lengths, e.g. 128,384.")] = "128",
+    seq_lens: Annotated[Optional[str], typer.Option(help="Sequence lengths, e.g. 128,384 (default 128; an .onnx model whose inputs have no dynamic sequence axis: its own fixed size).")] = None,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="Replay one CUDA graph per shape (torch, tensorrt).")] = False,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the module (torch).")] = False,
     instances: Annotated[int, typer.Option(help="Runners measured at once on one device, one stream each.")] = 1,
@@ -122,7 +122,7 @@ def profile(
 
         if model is None or out is None:
             raise InputError("--model and --out are required (or use: schedsim profile show/compare/import)")
-        seqs = parse_sizes(seq_lens, "--seq-lens")
+        seqs = parse_sizes(seq_lens or "128", "--seq-lens")
         if len(seqs) != 1:
             raise InputError(f"--seq-lens {seq_lens}: --backend triton measures one seq_len")
         spec = TritonProfileSpec(
@@ -146,7 +146,7 @@ def profile(
     spec = ProfileSpec(
         model=model, backend=backend, precision=precision,
         batch_sizes=parse_sizes(batch_sizes, "--batch-sizes"),
-        seq_lens=parse_sizes(seq_lens, "--seq-lens"), cuda_graphs=cuda_graphs, compile=compile,
+        seq_lens=model_seq_lens(model, backend, seq_lens), cuda_graphs=cuda_graphs, compile=compile,
         instances=instances, warmup_ms=warmup_ms, min_iters=min_iters, min_time_s=min_time_s,
         max_cell_s=max_cell_s, device=device, provider=provider, tf32=tf32,
         workspace_gib=workspace_gib, cache_dir=str(cache_dir) if cache_dir else None,
@@ -165,6 +165,32 @@ def profile(
     for w in outcome.warnings:
         _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
     print(f"wrote {outcome.path} ({outcome.cells} cells)")
+
+
+def model_seq_lens(model: str, backend: str, seq_lens: str | None) -> tuple:
+    """``--seq-lens`` as sizes; for an .onnx file none of whose inputs has a dynamic sequence
+    axis (an MLP taking [batch, 256]), the model's own fixed size, said on stderr."""
+    from schedsim.profiling.profiler import parse_sizes
+
+    if model.startswith("builtin:") or backend not in ("onnxruntime", "tensorrt") or not Path(model).is_file():
+        return parse_sizes(seq_lens or "128", "--seq-lens")
+    from schedsim.live.engines.onnx_export import inspect_onnx
+
+    inputs = inspect_onnx(model).inputs
+    if any(spec.seq_axis is not None for spec in inputs):
+        return parse_sizes(seq_lens or "128", "--seq-lens")
+    fixed = sorted({spec.dims[1] for spec in inputs if len(spec.dims) > 1})
+    shapes = ", ".join(f"{spec.name!r} {['batch', *spec.dims[1:]]}" for spec in inputs)
+    if seq_lens is not None and parse_sizes(seq_lens, "--seq-lens") != tuple(fixed[:1]):
+        raise InputError(f"--seq-lens {seq_lens}: {model} has no dynamic sequence axis (inputs {shapes}); "
+                         "its dimensions after the batch are fixed: leave --seq-lens out")
+    if len(fixed) > 1:
+        raise InputError(f"{model}: inputs {shapes} have different fixed sizes after the batch axis; "
+                         "schedsim profiles one size per cell")
+    size = fixed[0] if fixed else 1
+    _err.print(f"note: {model}: no dynamic sequence axis (inputs {shapes}); profiling batch sizes only, "
+               f"recorded as seq_len {size}", highlight=False, soft_wrap=True)
+    return (size,)
 
 
 # -- llm -------------------------------------------------------------------------------

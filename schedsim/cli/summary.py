@@ -36,17 +36,13 @@ def print_summary(outcome) -> None:
     for name, value in rows:
         table.add_row(name, value)
     util = s.get("utilization") or []
-    # Busy time grows with batching at any load that fills a batch now and then: not headroom.
-    table.add_row("instance utilisation (busy time)", ", ".join(f"{u:.1%}" for u in util) or "-")
-    for name, value in capacity_rows(s):
-        table.add_row(name, value)
+    table.add_row("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-")
     if s.get("replications", 1) > 1:
         table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
     console.print(table)
     if band_text(s):
         console.print(band_text(s), highlight=False, soft_wrap=True)
-    if capacity_line(s):
-        console.print(capacity_line(s), highlight=False, soft_wrap=True)
+    print_capacity(console, s)
     hist = s.get("batch_size_histogram") or {}
     if hist:
         console.print(batch_size_line(hist))
@@ -59,6 +55,20 @@ def print_summary(outcome) -> None:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in outcome.written:
         console.print(f"wrote {path}")
+
+
+def print_capacity(console: Console, s: dict) -> None:
+    """The capacity table and how it was found (schedsim.planning.capacity)."""
+    rows = capacity_rows(s)
+    if not rows:
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("capacity")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    console.print(capacity_line(s), highlight=False, soft_wrap=True)
 
 
 def capacity_rows(s: dict) -> list[tuple[str, str]]:
@@ -87,7 +97,9 @@ def capacity_line(s: dict) -> str:
         verdict = (f": the offered load can grow {head:,.2f}x" if head >= 1 else
                    f": the offered load is {1 / head:,.2f}x what it can take" if head > 0 else
                    ": no rate tried meets the SLO")
-    return f"capacity: {cap.get('basis')}{verdict}"
+    # Busy time grows with batching at any load that fills a batch now and then.
+    busy = "; instance utilisation is busy time, not headroom" if s.get("utilization") else ""
+    return f"capacity: {cap.get('basis')}{verdict}{busy}"
 
 
 def _times(v) -> str:
@@ -163,12 +175,10 @@ def print_llm_summary(outcome) -> None:
     ]
     if any(s.get("config", {}).get(k) is not None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
         pairs += [("goodput (req/s)", fmt("goodput_rps", 2)), ("SLO attainment", fmt("slo_attainment", 3))]
-    pairs += capacity_rows(s)
     for name, value in pairs:
         rows.add_row(name, value)
     console.print(rows)
-    if capacity_line(s):
-        console.print(capacity_line(s), highlight=False, soft_wrap=True)
+    print_capacity(console, s)
     effective = s.get("config", {}).get("effective")
     if effective:
         console.print(settings_line(effective), highlight=False, soft_wrap=True)

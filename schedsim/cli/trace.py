@@ -17,7 +17,7 @@ from schedsim.errors import InputError
 # inside their bodies: --help imports this module to list them, and those imports cost
 # about 0.5 s that listing the commands does not need.
 
-app = typer.Typer(help="Generate, inspect and download request traces.", no_args_is_help=True)
+app = typer.Typer(help="Generate, inspect and download request traces.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def _fmt(x: float, digits: int = 3) -> str:
