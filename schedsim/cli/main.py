@@ -155,6 +155,7 @@ def run(
     out_format: Annotated[str, typer.Option("--format", help="With --out: the per-request table as csv (requests.csv) or parquet (requests.parquet).")] = "csv",
     slo: o.Slo = [],
     slo_p99_ms: o.SloP99Ms = None,
+    quiet: o.Quiet = False,
     json_output: o.JsonOutput = False,
     model_spec: o.ModelSpec = None,
     num_gpu_blocks: o.NumGpuBlocks = None,
@@ -206,7 +207,8 @@ def run(
         band=band, band_replications=band_replications, band_arrivals=band_arrivals,
         slo=tuple(slo), slo_p99_ms=slo_p99_ms)
     llm = o.llm_options(locals())
-    outcome = execute(spec, llm)
+    with o.Phases(not quiet) as phase:
+        outcome = execute(spec, llm, phase)
     if json_output:
         o.print_json(outcome.summary)
     elif "ttft_p50_ms" in outcome.summary:

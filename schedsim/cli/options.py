@@ -53,6 +53,7 @@ Slo = Annotated[list[str], typer.Option(
     help="SLO on a summary metric, e.g. p99_ms<=5 (repeatable): the capacity reported is then the highest "
          "rate meeting it, found by replaying the trace faster and slower.")]
 SloP99Ms = Annotated[Optional[float], typer.Option(help="Shorthand for --slo p99_ms<=X.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display (shown only on a terminal, on stderr).")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
 Cpu = Annotated[Optional[str], typer.Option(
     help="Pin the process before the engine starts: to a CPU number, or auto (the fastest by a "
@@ -106,6 +107,37 @@ def fmt_metric(summary: dict, key: str, digits: int = 3, unit: str = "") -> str:
     if ci:
         text += f"  [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"
     return text
+
+
+class Phases:
+    """What a long run is doing, on stderr: a rich spinner with the phase and the time spent,
+    only on a terminal and without ``--quiet``; nothing on a pipe (JSON and tables on stdout
+    are never touched). Called with a phase's description; used as a context manager."""
+
+    def __init__(self, enabled: bool = True):
+        import sys
+
+        self._progress = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      console=Console(stderr=True), transient=True)
+            self._task = self._progress.add_task("starting", total=None)
+
+    def __call__(self, description: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+
+    def __enter__(self) -> "Phases":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def print_json(summary: dict) -> None:

@@ -87,10 +87,12 @@ def load_inputs(spec: RunSpec, trace=None) -> RunInputs:
     return RunInputs(trace, Requests.from_trace(trace), policy, params, instances)
 
 
-def execute(spec: RunSpec, llm=None) -> RunOutcome:
-    """Run ``spec``; ``llm`` (:class:`~schedsim.run.spec.LLMOptions`) holds the LLM-only flags."""
+def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
+    """Run ``spec``; ``llm`` (:class:`~schedsim.run.spec.LLMOptions`) holds the LLM-only flags;
+    ``phase(text)``, when given, is told what the run is doing (a progress display)."""
     trace = None
     llm = llm or LLMOptions()
+    phase = phase or (lambda text: None)
     check_spec(spec)
     slo_terms(spec)
     if spec.out is not None:
@@ -99,12 +101,13 @@ def execute(spec: RunSpec, llm=None) -> RunOutcome:
         check_spec(spec)
         trace = prepare_trace(spec)
         if is_llm_run(spec.policy, trace):
+            phase(f"simulating {len(trace):,} requests (LLM), then its capacity")
             return execute_llm(spec, llm, trace)
         llm.reject_for_request_level(spec.policy)
-    return _execute_request_level(spec, trace)
+    return _execute_request_level(spec, trace, phase)
 
 
-def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
+def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -> RunOutcome:
     inputs = load_inputs(spec, trace)
     notes = trace_notes(inputs.trace)
     band_plan, band_note = plan_band(spec.band, len(inputs.trace), spec.band_replications, spec.band_arrivals)
@@ -132,6 +135,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
 
     results, summaries = [], []
     for i in range(spec.replications):
+        phase(f"simulating {len(requests):,} requests"
+              + (f", replication {i + 1} of {spec.replications}" if spec.replications > 1 else ""))
         try:
             if spec.replicas > 1:
                 result = simulate_spec_fleet(spec, inputs, cost, seed=spec.seed + i)
@@ -146,6 +151,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
                                            "utilization": summaries[0]["utilization"]})
     if band_plan is not None:
+        phase("prediction band")
         summary |= compute_band(band_plan, spec.seed, request_level_one(spec, inputs, cost, contention), REQUEST_KEYS,
                                 sigma=host_sigma(cost.profile.meta, trace_duration_s(trace)))
     grid_model = pair_grid_model(cost) if instances > 1 else None
@@ -168,7 +174,7 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
         summary["config"] |= {"replicas": spec.replicas, "router": spec.router}
     if notes:
         summary["notes"] = notes
-    summary |= request_capacity(spec, inputs, cost, summary, results[0])
+    summary |= request_capacity(spec, inputs, cost, summary, results[0], phase)
     warning = overload(summary, results[0], spec.warmup_s)
     if warning:
         summary["warnings"] = [warning]
@@ -185,7 +191,8 @@ def _execute_request_level(spec: RunSpec, trace=None) -> RunOutcome:
     return outcome
 
 
-def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, result) -> dict:
+def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, result,
+                     phase=lambda text: None) -> dict:
     """summary.json's capacity keys (schedsim.planning.capacity): the saturation rate of this
     configuration, with ``--slo`` the highest rate meeting it, the headroom to the offered
     rate, and the GPU's busy fraction."""
@@ -202,6 +209,7 @@ def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, resu
         except PolicyError as exc:
             raise policy_input_error(exc, spec.policy, policy) from exc
 
+    phase("capacity: saturation rate")
     rate, mean_batch = saturation(inputs.requests, policy, cost,
                                   lambda r, p, c, instances, seed: simulate_at(r, seed),
                                   instances=instances, seed=spec.seed)
@@ -213,6 +221,7 @@ def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, resu
         check_keys(summary, [c.key for c in slo], "--slo")
 
         def meets_at(multiple: float) -> bool:
+            phase(f"capacity under {' and '.join(map(str, slo))}: trying {offered * multiple:,.0f} req/s")
             scaled = scale_rate(inputs.trace, multiple)
             one = summarize(simulate_at(Requests.from_trace(scaled), spec.seed), spec.warmup_s / multiple)
             return meets(one, slo) and keeps_up(one)
