@@ -85,20 +85,31 @@ def _check(rc: int, stdout: str, stderr: str, out_dir: Path) -> None:
         assert summary["headroom"] is None or summary["headroom"] > 0
 
 
-def _write(arrival_s: list[float], where: Path) -> Path:
-    path = where / "t.csv"
-    path.write_text("arrival_s\n" + "".join(f"{a!r}\n" for a in arrival_s))
-    return path
+def _arrivals_csv(arrival_s: list[float]) -> bytes:
+    return ("arrival_s\n" + "".join(f"{a!r}\n" for a in arrival_s)).encode()
+
+
+def _python_entry(trace: Path, argv: list[str], out: Path) -> tuple[int, str, str]:
+    return _run(["run", str(trace), *argv, "--json", "--out", str(out)])
+
+
+def _command(trace: Path, argv: list[str], out: Path) -> tuple[int, str, str]:
+    proc = schedsim("run", trace, *argv, "--json", "--out", out)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _run_and_check(content: bytes, argv: list[str], runner=_python_entry) -> None:
+    """Write ``content`` as a trace in a fresh directory, run it with ``argv``, check the outcome."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, out = Path(tmp) / "t.csv", Path(tmp) / "out"
+        trace.write_bytes(content)
+        _check(*runner(trace, argv, out), out)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrival_s=arrivals(), argv=flags())
 def test_run_through_the_python_entry(arrival_s, argv):
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        trace = _write(arrival_s, tmp)
-        rc, stdout, stderr = _run(["run", str(trace), *argv, "--json", "--out", str(tmp / "out")])
-        _check(rc, stdout, stderr, tmp / "out")
+    _run_and_check(_arrivals_csv(arrival_s), argv)
 
 
 _CELL = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.integers(-2**70, 2**70).map(str),
@@ -109,19 +120,11 @@ _CELL = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.i
 @given(header=st.sampled_from(["arrival_s", "arrival_s,batch", "arrival_s,seq_len,priority", "x", ""]),
        cells=st.lists(st.lists(_CELL, min_size=1, max_size=3), max_size=8), raw=st.binary(max_size=64))
 def test_arbitrary_cells_and_bytes(header, cells, raw):
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        trace = tmp / "t.csv"
-        trace.write_bytes(header.encode() + b"\n" + "".join(",".join(r) + "\n" for r in cells).encode() + raw)
-        rc, stdout, stderr = _run(["run", str(trace), "--band", "0", "--json", "--out", str(tmp / "out")])
-        _check(rc, stdout, stderr, tmp / "out")
+    content = header.encode() + b"\n" + "".join(",".join(r) + "\n" for r in cells).encode() + raw
+    _run_and_check(content, ["--band", "0"])
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrival_s=arrivals(), argv=flags())
 def test_run_through_the_command(arrival_s, argv):
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        trace = _write(arrival_s, tmp)
-        proc = schedsim("run", trace, *argv, "--json", "--out", tmp / "out")
-        _check(proc.returncode, proc.stdout, proc.stderr, tmp / "out")
+    _run_and_check(_arrivals_csv(arrival_s), argv, _command)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from shown_output import missing_line
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 EXAMPLES = DOCS / "examples"
@@ -83,21 +85,7 @@ def console_outputs(body: str) -> list[list[str]]:
     return outs
 
 
-def _missing_line(expected: list[str], output: str) -> str | None:
-    """The first shown line that ``output`` does not print, in order ("..." matches any
-    text; a line that is only "..." stands for lines left out); None if all are there."""
-    printed = [line.strip() for line in output.splitlines()]
-    at = 0
-    for want in expected:
-        if want == "...":
-            continue
-        pattern = re.compile(".*?".join(re.escape(part) for part in want.split("...")))
-        while at < len(printed) and not pattern.search(printed[at]):
-            at += 1
-        if at == len(printed):
-            return want
-        at += 1
-    return None
+_missing_line = missing_line
 
 
 def _shows(expected: str, output: str) -> bool:
