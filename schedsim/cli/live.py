@@ -284,6 +284,11 @@ def live(
                   rate_scale=rate_scale, out=out, plot=plot, overwrite=overwrite)
     if out is None:
         raise InputError("--out: a live run needs an output directory")
+    # Every backend: checked before the directory is claimed and before any engine starts.
+    for flag, value, least in (("--seed", seed, 0), ("--client-processes", client_processes, 1),
+                               ("--threads", threads, 1), ("--seq-len", seq_len, 1)):
+        if value < least:
+            raise InputError(f"{flag}: {value} is not valid; expected an integer >= {least}")
     from schedsim.run.outdir import claim_run_dir
 
     claim_run_dir(out, overwrite)  # before any engine starts: the run owns its directory

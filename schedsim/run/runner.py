@@ -101,6 +101,9 @@ def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
         check_spec(spec)
         trace = prepare_trace(spec)
         if is_llm_run(spec.policy, trace):
+            if slo_terms(spec):
+                raise InputError("--slo/--slo-p99-ms: the capacity under an SLO is for request-level runs; "
+                                 "LLM runs take --slo-ttft-ms, --slo-tpot-ms and --slo-e2e-ms (goodput)")
             phase(f"simulating {len(trace):,} requests (LLM), then its capacity")
             return execute_llm(spec, llm, trace)
         llm.reject_for_request_level(spec.policy)

@@ -51,6 +51,8 @@ def test_llm_runs_report_token_capacity_and_their_settings(tmp_path):
     assert summary["capacity_output_tokens_per_s"] > summary["output_tokens_per_s"]
     assert summary["headroom"] > 1
     assert summary["config"]["effective"]["policy"] == "paged-kv"
+    assert_one_line_error(schedsim("run", trace, "--policy", "paged-kv", "--slo-p99-ms", "5"),
+                          "--slo/--slo-p99-ms", "--slo-ttft-ms")
 
 
 def test_a_users_broken_policy_is_one_line_naming_it(tmp_path):

@@ -19,6 +19,13 @@ def test_live_refuses_a_non_empty_out_before_any_engine_starts(tmp_path):
     assert_one_line_error(schedsim("live", TRACE, "--out", tmp_path / "file"), "--out", "is a file")
 
 
+@pytest.mark.parametrize("backend", ["torch", "torch-llm", "triton", "onnxruntime"])
+def test_live_checks_its_numbers_for_every_backend_before_claiming_out(tmp_path, backend):
+    proc = schedsim("live", TRACE, "--backend", backend, "--seed", "-1", "--out", tmp_path / "run")
+    assert_one_line_error(proc, "--seed: -1 is not valid")
+    assert not (tmp_path / "run").exists()
+
+
 def test_live_overwrite_clears_the_earlier_run_first(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
