@@ -104,6 +104,8 @@ def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
             if slo_terms(spec):
                 raise InputError("--slo/--slo-p99-ms: the capacity under an SLO is for request-level runs; "
                                  "LLM runs take --slo-ttft-ms, --slo-tpot-ms and --slo-e2e-ms (goodput)")
+            if spec.out_format != "csv":
+                raise InputError(f"--format: {spec.out_format} is for request-level runs; LLM runs write CSV")
             phase(f"simulating {len(trace):,} requests (LLM), then its capacity")
             return execute_llm(spec, llm, trace)
         llm.reject_for_request_level(spec.policy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from cli_helpers import TRACE, assert_one_line_error, schedsim
+from cli_helpers import ROOT, TRACE, assert_one_line_error, schedsim
 
 
 def test_parquet_holds_what_the_csv_holds(tmp_path):
@@ -17,6 +17,13 @@ def test_parquet_holds_what_the_csv_holds(tmp_path):
     assert a.column_names == b.column_names and a.num_rows == b.num_rows > 0
     for name in a.column_names:
         assert a.column(name).to_pylist() == b.column(name).to_pylist(), name
+
+
+def test_parquet_is_refused_for_an_llm_run(tmp_path):
+    proc = schedsim("run", ROOT / "docs" / "examples" / "azure_sample.csv", "--policy", "paged-kv",
+                    "--profile", ROOT / "tests" / "data" / "llm_steps_synthetic.csv", "--max-model-len", "8192",
+                    "--out", tmp_path / "o", "--format", "parquet")
+    assert_one_line_error(proc, "--format", "LLM runs write CSV")
 
 
 def test_an_unknown_format_is_one_line(tmp_path):
