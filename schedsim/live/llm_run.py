@@ -192,6 +192,10 @@ def execute_live_llm(spec: LiveLLMSpec):
         "threads": spec.threads if device == "cpu" else None,
         "time_limit_s": spec.time_limit_s, "slo_ttft_ms": llm.slo_ttft_ms, "slo_tpot_ms": llm.slo_tpot_ms,
         "slo_e2e_ms": llm.slo_e2e_ms, "policy_stats": stats}
+    if policy.async_scheduling:   # the policy's switch prices steps in the simulator only
+        summary["warnings"] = summary.get("warnings", []) + [
+            "async scheduling: this engine prepares each step after the one before has run (no "
+            "overlap); to predict it, run both schedsim live and schedsim run with --no-async-scheduling"]
     summary["partial"] = bool(extra["partial"])
     if extra["partial"]:
         summary["partial_reason"] = extra["partial_reason"]

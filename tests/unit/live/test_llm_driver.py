@@ -347,6 +347,8 @@ def test_cli_live_then_validate_against_run(tmp_path, token_trace):
     summary = json.loads((live_dir / "summary.json").read_text())
     assert summary["completed"] == 30 and summary["partial"] is False
     assert summary["config"]["driver"] == "live" and summary["config"]["backend"] == "torch-llm"
+    # The live engine does not overlap steps: it says which prediction matches it.
+    assert any("--no-async-scheduling" in w for w in summary["warnings"])
     assert summary["live"]["engine_ms"]["n"] == summary["steps"]
     header = (live_dir / "requests.csv").read_text().splitlines()[0].replace('"', "")
     assert header.startswith("request_id,arrival_s,scheduled_s,first_token_s,end_s,ttft_ms,tpot_ms,e2e_ms")
