@@ -14,8 +14,11 @@ import math
 
 from schedsim.errors import InputError
 
-ALIASES = {"preferred_batch_size": "preferred_batch_sizes"}
-"""``schedsim run`` flag names whose policy parameter is spelt differently."""
+ALIASES = {"preferred_batch_size": "preferred_batch_sizes",
+           "max_queue_delay_microseconds": "max_queue_delay_us",
+           "default_timeout_microseconds": "default_timeout_us"}
+"""Names users know (``schedsim run`` flags, Triton's config.pbtxt fields) whose policy parameter
+is spelt differently."""
 LIST_PARAMS = {"preferred_batch_sizes"}
 """Parameters that are lists: a single value ``8`` means ``(8,)``."""
 RUN_FIELDS = {"instances": int, "rate_scale": float}
