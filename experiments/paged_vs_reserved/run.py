@@ -2,7 +2,7 @@
 request had reserved its maximum length.
 
 Same model, same memory, same trace: ``continuous --reservation max`` (Orca reserving
-max_model_len per request) against ``paged-kv`` (vLLM), plus the ``pow2`` and ``oracle``
+max_model_len per request) against ``paged-kv`` (vLLM, ``--vllm-compat 0.8``), plus the ``pow2`` and ``oracle``
 reservations as bounds, on the Azure LLM 2023 conversation trace, for KV budgets from
 0.5 to 16 GiB. Prices steps with the bundled H200 decoder profile (llama-1b shapes).
 
@@ -34,7 +34,9 @@ POLICIES = {
     "continuous max": ("continuous", {"reservation": "max"}),
     "continuous pow2": ("continuous", {"reservation": "pow2"}),
     "continuous oracle": ("continuous", {"reservation": "oracle"}),
-    "paged-kv": ("paged-kv", {}),
+    # The results were made with the earlier paged-kv defaults (vLLM 0.8: admission by first
+    # chunk, prefix caching off); the pin keeps them reproducible.
+    "paged-kv": ("paged-kv", {"vllm_compat": "0.8"}),
 }
 
 
