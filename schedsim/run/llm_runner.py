@@ -106,8 +106,9 @@ def execute_llm(spec, options: LLMOptions, trace):
         warnings.simplefilter("ignore")  # the capacity burst's warnings repeat the run's
         summary |= llm_capacity(lambda: build_policy(name, spec.params | options.params), requests, cost,
                                 summary.get("offered_rps", float("nan")), seed=spec.seed)
-    if overloaded(summary):
-        notes.append(overload_warning(summary))
+    grew = queue_growth(results[0], spec.warmup_s)
+    if overloaded(summary) and grew is not None:
+        notes.append(overload_warning(summary, grew))
     stats = {k: v for k, v in results[0].stats.items() if isinstance(v, (int, float, str, dict))}
     summary["config"] = policy_config(spec, RunInputs(trace, requests, policy, spec.params | options.params, 1)) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,
@@ -130,3 +131,30 @@ def execute_llm(spec, options: LLMOptions, trace):
         outcome.written = write_llm_outputs(spec.out, results[0], trace.request_id, summary,
                                             spec.plot, spec.warmup_s)
     return outcome
+
+
+def queue_growth(result, warmup_s: float) -> str | None:
+    """How the wait for admission grew from the first fifth of the measured arrivals to the last
+    (the warning's detail), or None when it did not grow.
+
+    An LLM run's throughput counts until its last token, so long generations at the end of a
+    trace put it below the offered rate on a server that kept up. Overload is a queue that
+    grows through the trace: the last fifth waited more than twice as long as the first, and
+    longer by more than 2% of the arrivals' span (a shortfall of 5% of the offered rate grows
+    the wait by about 4% of the span)."""
+    import numpy as np
+
+    arrival = result.requests.arrival_ns
+    keep = np.flatnonzero((arrival >= int(round(warmup_s * 1e9))) & (result.scheduled_ns >= 0))
+    if keep.size < 10:
+        return "" if keep.size < arrival.size else None
+    fifth = keep.size // 5
+    wait_ms = (result.scheduled_ns[keep] - arrival[keep]) / 1e6
+    first, last = float(wait_ms[:fifth].mean()), float(wait_ms[-fifth:].mean())
+    span_ms = (int(arrival[keep].max()) - int(arrival[keep].min())) / 1e6
+    unscheduled = int(arrival.size - np.count_nonzero(result.scheduled_ns >= 0))
+    if unscheduled == 0 and not (last > 2 * first and last - first > 0.02 * span_ms):
+        return None
+    return (f"; the queue grew through the trace (mean wait for admission {first:,.3g} ms in the first fifth of "
+            f"requests, {last:,.3g} ms in the last)" + (f"; {unscheduled:,} never ran" if unscheduled else ""))
+
