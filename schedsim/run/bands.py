@@ -290,6 +290,9 @@ def scaled_step_cost(cost, factor: float):
     out.overhead_ns = cost.overhead_ns * factor
     out.first_call_ns = cost.first_call_ns * factor
     out.warm_tokens = cost.warm_tokens
+    # Speculative decoding: the drafts run on the same host, so their model slows by the same factor.
+    out.draft = scaled_step_cost(cost.draft, factor) if cost.draft is not None else None
+    out.draft_fraction = cost.draft_fraction
     return out
 
 

@@ -175,3 +175,17 @@ def test_speculative_token_accounting_is_exact(n, seed, k, rate, blocks, compat,
     assert int(result.itl_count.sum()) == int(np.maximum(chunks - 1, 0).sum())
     again = simulate_llm(req, policy, LinearCost())
     assert again.end_ns.tolist() == result.end_ns.tolist()       # seeded: the same run again
+
+
+def test_a_band_replication_on_a_slower_host_keeps_the_draft_pricing():
+    from schedsim.run.bands import scaled_step_cost
+
+    model = StepCostModel.from_profile(load_step_profile(default_step_profile_path()))
+    model.price_drafts(SpeculativeConfig.parse(spec(2, rate=0.5, draft_cost_fraction=0.25)))
+    slower = scaled_step_cost(model, 1.5)
+    assert slower.draft_fraction == 0.25
+    ctx = np.array([35])
+    assert slower.draft_ns(ctx, 2) == pytest.approx(1.5 * model.draft_ns(ctx, 2), rel=0.01)
+    model.draft = StepCostModel.from_profile(load_step_profile(default_step_profile_path()))
+    assert scaled_step_cost(model, 2.0).draft.decode_run_ns(ctx.astype(np.int32), 2).sum() == pytest.approx(
+        2.0 * model.draft.decode_run_ns(ctx.astype(np.int32), 2).sum(), rel=0.01)
