@@ -128,7 +128,8 @@ class Phases:
 
     def __call__(self, description: str) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, description=description)
+            # Drawn now, not at the next tick: a phase shorter than the refresh period is still shown.
+            self._progress.update(self._task, description=description, refresh=True)
 
     def __enter__(self) -> "Phases":
         if self._progress is not None:

@@ -137,9 +137,10 @@ def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:
 def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
     trace = poisson_trace(tmp_path / "poisson.csv", rate=40, seconds=8)
     out = tmp_path / "out"
-    # A 200 ms queue delay keeps several requests waiting in the server when it is killed.
+    # A 1 s queue delay with room for 64 keeps requests waiting in the server when it is killed
+    # (all but the ~25 ms after each launch; with 200 ms and 8, a quiet host found none waiting).
     cmd = [sys.executable, "-m", "schedsim.cli.main", "live", str(trace), "--backend", "triton",
-           "--policy", "dynamic", "--max-batch-size", "8", "--max-queue-delay-us", "200000", "--out", str(out)]
+           "--policy", "dynamic", "--max-batch-size", "64", "--max-queue-delay-us", "1000000", "--out", str(out)]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pid = _server_pid(out)
