@@ -32,8 +32,9 @@ def _finite(v) -> bool:
 
 
 def write_sweep_plots(out: Path, rows: list[dict], spec, front: list[int]) -> list[Path]:
-    """One ``vs_NAME.png`` per numeric grid name (a line per setting of the other names),
-    and ``pareto.png`` (throughput against p99, the front joined, the SLO drawn)."""
+    """One ``vs_NAME.png`` per numeric grid name (a line per setting of the other names, each
+    p99 with its prediction band where the sweep computed one), and ``pareto.png``
+    (throughput against p99, the front joined, the SLO drawn)."""
     written = []
     names = list(spec.grid)
     slo_p99 = [c.limit for c in spec.slo if c.key == "p99_ms" and c.op[0] == "<"]
@@ -49,7 +50,12 @@ def write_sweep_plots(out: Path, rows: list[dict], spec, front: list[int]) -> li
             group.sort(key=lambda r: _number(r[name]))
             x = [_number(r[name]) for r in group]
             text = ", ".join(f"{n}={v}" for n, v in zip(others, key)) or None
-            ax1.plot(x, [r.get("p99_ms") for r in group], marker=".", label=text)
+            line, = ax1.plot(x, [r.get("p99_ms") for r in group], marker=".", label=text)
+            banded = [(xi, r["p99_ms_lo"], r["p99_ms_hi"]) for xi, r in zip(x, group)
+                      if _finite(_number(r.get("p99_ms_lo"))) and _finite(_number(r.get("p99_ms_hi")))]
+            if banded:  # the prediction band where the sweep computed one (cells meeting the SLO)
+                bx, lo, hi = zip(*banded)
+                ax1.vlines(bx, [float(v) for v in lo], [float(v) for v in hi], color=line.get_color(), alpha=0.5, lw=3)
             ax2.plot(x, [r.get("throughput_rps") for r in group], marker=".", label=text)
         for limit in slo_p99:
             ax1.axhline(limit, ls="--", color="red", lw=1, label=f"SLO p99 {limit:g} ms")
