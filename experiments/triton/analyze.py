@@ -107,7 +107,7 @@ def main(argv=None) -> int:
             # else Triton's trace beside the grid (REQUEST_START -> REQUEST_END, one request in N).
             run["server_side"] = run.get("server_side") or side.get((run["config"], run["arrival"], run["load"],
                                                                      run["rep"]))
-            # The rate is part of the cell: each device call measures the capacity afresh.
+            # The rate is part of the cell: each run of run_h200.py measures the capacity afresh.
             cells[(run["config"], run["arrival"], run["load"], round(run["rate_rps"], 1))].append(run)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
