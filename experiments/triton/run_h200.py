@@ -54,6 +54,7 @@ from schedsim.traces.generate import generate  # noqa: E402
 from schedsim.traces.io import save_trace  # noqa: E402
 from schedsim.triton.client import drive  # noqa: E402
 from schedsim.triton.live import TritonLiveSpec, execute_live_triton  # noqa: E402
+from schedsim.triton.profiling import set_model_trace  # noqa: E402
 from schedsim.triton.repository import model_config, write_repository  # noqa: E402
 from schedsim.triton.server import TritonServer, find_tritonserver  # noqa: E402
 
@@ -126,17 +127,6 @@ def server_side(trace_path: Path, windows: dict) -> dict:
     return out
 
 
-def set_trace(url: str, rate: int | None) -> None:
-    import urllib.request
-
-    body = {"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate), "trace_count": "-1"} if rate else {
-        "trace_level": ["OFF"]}
-    req = urllib.request.Request(f"http://{url}/v2/models/{NAME}/trace/setting", method="POST",
-                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        r.read()
-
-
 def capacity_rps(url: str, requests: int, seq_len: int) -> float:
     """Throughput of ``requests`` sent within 50 ms: what the server sustains at full batches."""
     arrival = np.linspace(0, 50e6, requests).astype(np.int64)
@@ -164,13 +154,13 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
     processes = max(1, min(8, math.ceil(rate / 1000)))
     t = time.monotonic()
     if args.trace_rate:
-        set_trace(url, args.trace_rate)
+        set_model_trace(url, NAME, args.trace_rate, timeout_s=30)
     window_ns = time.monotonic_ns() + int(args.warmup_s * 1e9)
     _, summary, _ = execute_live_triton(TritonLiveSpec(run=run, url=url, model_name=NAME, processes=processes,
                                                        seq_len=seq_len, execution_log=log_dir(work, cfg, rep)))
     window = (window_ns, time.monotonic_ns())
     if args.trace_rate:
-        set_trace(url, None)
+        set_model_trace(url, NAME, None, timeout_s=30)
     stats = json.loads((cell_dir / "live" / "triton_stats.json").read_text())
     keep = ("requests", "completed", "failed", "rejected", "unfinished", "throughput_rps", "p50_ms", "p90_ms",
             "p99_ms", "mean_ms", "max_ms", "mean_queue_ms", "mean_batch_size", "batch_size_histogram",

@@ -238,10 +238,14 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
     return repo
 
 
-def _trace_setting(url: str, model: str, body: dict) -> None:
+def set_model_trace(url: str, model: str, rate: int | None, timeout_s: float = 10.0) -> None:
+    """Trace one request in ``rate`` of ``model`` (level TIMESTAMPS) through Triton's trace
+    setting endpoint; ``rate`` None turns the model's tracing off."""
+    body = ({"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate), "trace_count": "-1"} if rate
+            else {"trace_level": ["OFF"]})
     req = urllib.request.Request(f"http://{url}/v2/models/{model}/trace/setting", method="POST",
                                  data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
         r.read()
 
 
@@ -356,10 +360,10 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
         warm += extra
     before = settled_snapshot(server.url, name, warm * b)
     if spec.trace:
-        _trace_setting(server.url, name, {"trace_level": ["TIMESTAMPS"], "trace_rate": str(b), "trace_count": "-1"})
+        set_model_trace(server.url, name, b)
     sent, done = drive_closed_loop(server, spec, name, threads, batches * b, rng)
     if spec.trace:
-        _trace_setting(server.url, name, {"trace_level": ["OFF"]})
+        set_model_trace(server.url, name, None)
     after = settled_snapshot(server.url, name, (warm + batches) * b)
     d = after.since(before, f"{server.url} statistics")
     (raw / f"stats_{name}.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
@@ -499,11 +503,10 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 gaps = wake_profile.gap_schedule(spec.wake_requests, rng)
                 note(f"wake curve: {gaps.size} lone requests after pauses of "
                      f"{', '.join(f'{g:g}' for g in wake_profile.GAPS_MS)} ms ...")
-                _trace_setting(server.url, ZERO_DELAY_MODEL, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-                                                              "trace_count": "-1"})
+                set_model_trace(server.url, ZERO_DELAY_MODEL, 1)
                 wake_profile.send_gapped(server.url, server.grpc_url, spec.protocol, ZERO_DELAY_MODEL, spec.seq_len,
                                          gaps, seed=int(rng.integers(2**31)))
-                _trace_setting(server.url, ZERO_DELAY_MODEL, {"trace_level": ["OFF"]})
+                set_model_trace(server.url, ZERO_DELAY_MODEL, None)
             if spec.pairs():
                 note(f"pair grid over sizes {list(spec.pairs())} (two instances on one device) ...")
                 pairs = measure_pair_grid(server, spec, results, spec.pairs(), lambda *a: drive_pair(server, spec, *a),
