@@ -237,6 +237,7 @@ def llm(
     max_time_s: Annotated[Optional[float], typer.Option(help="Cap on the sampling rounds, s (default 240; 3 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, token ids and the visiting order.")] = 0,
     warm_shapes: Annotated[bool, typer.Option("--warm-shapes", help="Time steps with a prefill chunk at their nominal length, warm (run before). Default: each sample moves the chunk a few tokens, to a step length the engine has not run yet, as a server meets new prompt lengths.")] = False,
+    host_variation_s: Annotated[float, typer.Option(help="Seconds per round of the host-variation measurement: how the host's speed moves between and within runs, for the LLM prediction band (5 rounds of the cheapest step; 0 skips it; try 2).")] = 0.0,
     cpu: Cpu = None,
     out: Annotated[Optional[Path], typer.Option(help="Step-profile CSV to write (the JSON sidecar goes next to it).")] = None,
 ):
@@ -249,7 +250,7 @@ def llm(
     spec = spec_from_flags(
         model=model, dtype=dtype, device=device, cuda_graphs=cuda_graphs, block_size=block_size,
         max_context=max_context, quick=quick, min_samples=min_samples, max_time_s=max_time_s,
-        seed=seed, fresh_shapes=not warm_shapes)
+        seed=seed, fresh_shapes=not warm_shapes, host_variation_s=host_variation_s)
     pinning = pin_cpu(cpu)   # before the engine's torch and CUDA threads start (they inherit it)
     try:
         with (_RichStepProgress(_err) if _err.is_terminal

@@ -44,7 +44,9 @@ token counts as far as can be from every count run, each timed twice; the sideca
 the CSV's ``fresh_samples`` how many of each composition's samples ran at a new count;
 schedsim.cost.step_model can price both.
 Afterwards it times KV block swaps (pinned host memory <-> device) and stamps the
-machine. Ctrl-C, an error or an out-of-memory step still write the compositions already
+machine. With ``host_variation_s`` it also times the cheapest composition in five rounds
+(:func:`_host_variation`): the sidecar's ``host_variation`` record, from which the LLM
+prediction band draws a host-speed factor per replication, as for request-level profiles. Ctrl-C, an error or an out-of-memory step still write the compositions already
 sampled, marked ``"partial": true``.
 
 The grid (:func:`step_grid`) covers what the simulator asks of a 1B model on one GPU:
@@ -262,6 +264,10 @@ class StepProfileSpec:
     run before, as a server meets it (module docstring); False: the nominal shape, warm."""
     seed: int = 0
     """Seed for weights, token ids and the visiting order."""
+    host_variation_s: float = 0.0
+    """Seconds per round of the host-variation measurement (5 rounds of the cheapest
+    composition; 0 skips it): :mod:`schedsim.profiling.host_variation`, the sidecar's
+    ``host_variation``, which the LLM prediction band reads."""
 
     def check(self) -> None:
         if not self.model.startswith("builtin:"):
@@ -272,6 +278,8 @@ class StepProfileSpec:
         for name in ("block_size", "max_context", "min_samples", "swap_blocks"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        if not self.host_variation_s >= 0:
+            raise InputError(f"--host-variation-s {self.host_variation_s}: must be >= 0")
         if self.max_time_s <= 0 or self.warmup_calls < 0:
             raise InputError(f"--max-time-s {self.max_time_s} must be > 0 and warm-up calls "
                              f"{self.warmup_calls} >= 0")
@@ -459,6 +467,8 @@ def run_step_profile(spec: StepProfileSpec, out: str | os.PathLike,
                 extras["engine_warnings"] = list(eng.warnings)
                 extras["graph_shapes"] = len(eng.graph_shapes)
                 progress.update(1)
+                if spec.host_variation_s > 0 and live:
+                    extras["host_variation"] = _host_variation(eng, live, spec, progress)
         except BaseException as exc:  # noqa: BLE001 - keep the samples, then re-raise
             error = exc
     cells = [c for c in cells if c.error is None]
@@ -556,6 +566,26 @@ def _sample(eng, cells, spec: StepProfileSpec, rng, progress, extras) -> set[int
         progress.update(sum(min(len(c.gpu_ms), target) for c in cells),
                         f"round {extras['rounds']}")
     return fresh.seen
+
+
+def _host_variation(eng, cells, spec: StepProfileSpec, progress) -> dict:
+    """How the host's speed moves between and within runs (5 rounds of
+    ``spec.host_variation_s`` seconds): :func:`schedsim.profiling.host_variation.measure`
+    on the composition with the smallest median sample, timed by the host clock around
+    ``execute``. The cheapest step is the most launch-bound one (on a GPU, one decode row
+    replayed as a graph), so its wall time moves with the host's speed, which is what a
+    slower or busier host changes in a live LLM run (docs/validation/host-variation.md)."""
+    from schedsim.profiling.host_variation import measure
+
+    cell = min(cells, key=lambda c: float(np.median(c.gpu_ms)) if c.gpu_ms else float("inf"))
+    rows = cell.nominal_rows()
+    s = spec.host_variation_s
+    progress.phase("host variation", 1)
+    progress.note(f"host variation: 5 rounds of {s:g} s of {cell.comp.label}")
+    record = measure(lambda: (eng.execute(rows), None)[1], rounds=5, round_s=s, window_s=min(0.25, s / 4),
+                     pause_s=min(0.5, s / 4), what=f"one step of {cell.comp.label}, wall time around execute()")
+    progress.update(1)
+    return record
 
 
 def _swap_rate(eng, spec: StepProfileSpec, reps: int = 5) -> dict:
@@ -750,6 +780,8 @@ def _write(spec, out: Path, cells, failed, extras, describe, kv_bytes, name, dev
         FIRST_CALL_KEY: extras.get("first_call"),
         "warnings": warnings,
     }
+    if extras.get("host_variation"):
+        meta["host_variation"] = extras["host_variation"]
     if extras.get("loop"):
         meta.update(extras["loop"])
     if step_overhead is not None:
@@ -893,6 +925,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-time-s", type=float, default=None)
     ap.add_argument("--seed", type=int, default=spec.seed)
     ap.add_argument("--warm-shapes", dest="fresh_shapes", action="store_false")
+    ap.add_argument("--host-variation-s", type=float, default=spec.host_variation_s)
     ap.add_argument("--cpu", default=None, help="pin to this CPU (a number, or auto: the fastest now)")
     ap.add_argument("--out", type=Path, required=True)
     args = vars(ap.parse_args(argv))
