@@ -51,6 +51,7 @@ import gc
 import math
 import threading
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,11 +60,11 @@ from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, 
 from schedsim.core.llm_policy import Step
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import COMPLETED, FAILED, QUEUED, RUNNING, PolicyError
-from schedsim.errors import InputError
 
 STEP_COLUMNS = ("step", "start_s", "issue_s", "end_s", "n_rows", "tokens", "prefill_rows", "prefill_tokens",
                 "prefill_attention", "prefill_context", "decode_rows", "decode_max_context", "decode_kv_tokens", "graph",
-                "schedule_us", "swap_ms", "engine_ms", "gpu_ms", "host_ms", "status", "error")
+                "schedule_us", "swap_ms", "engine_ms", "gpu_ms", "host_ms", "status", "error", "draft_ms",
+                "overlap_ms")
 """Columns of the live step table (DIR/live_steps.csv); times in s from the trace start.
 
 The step's composition, over the rows the engine ran (what the step cost model of
@@ -75,9 +76,14 @@ c); decodes: ``decode_rows``, ``decode_max_context`` (their longest c, -1 if non
 ``graph``: the engine replayed a CUDA graph.
 
 ``schedule_us``: from the step's start (before ``schedule``) to the engine call (forming
-the step, block tables, swaps); ``engine_ms``: the engine call, wall; ``gpu_ms``: its CUDA
-events (NaN on the CPU); ``host_ms``: ``end - start - gpu``, everything in the step that
-is not GPU time."""
+the step, block tables, swaps; the draft model's time left out); overlapped (async
+scheduling): forming the step alone; ``engine_ms``: the engine call, wall; ``gpu_ms``: its
+CUDA events (NaN on the CPU); ``host_ms``: ``end - start - gpu - draft``, everything in the
+step that is neither GPU time nor drafting (overlapped: from the later of its start and the
+step before's end). ``draft_ms``: speculative decoding's proposer, wall (0 without);
+``overlap_ms``: the part of forming this step that ran while the step before was still
+running (async scheduling; 0 in series). A verification of ``1 + k`` tokens counts as the
+``1 + k`` decode rows the engine runs."""
 
 
 class PromptTokens:
@@ -124,6 +130,12 @@ class PromptTokens:
             raise PolicyError(f"row {r}: a step computes tokens {start}..{start + n - 1}, but the "
                               f"request has {self.length[r]} tokens so far")
         return buf[start:start + n]
+
+    def known(self, r: int) -> int:
+        """Tokens of request ``r`` so far: its prompt, then what it generated."""
+        if self.buf[r] is None:
+            self.get(r, 0, 0)
+        return self.length[r]
 
     def append(self, r: int, token: int) -> None:
         buf, n = self.buf[r], self.length[r]
@@ -187,20 +199,22 @@ def engine_context(requests: Requests, policy) -> int:
     the longest prompt plus the longest output, plus one, since a static batch's padding
     rows compute past their own output up to the batch's longest. A policy that runs long
     requests up to its limit (``caps_long_requests``) needs the longest of them, limit
-    included, plus one.
+    included, plus one. Speculative decoding's verifications reach ``k`` draft tokens
+    further (within the limit).
     """
     if not len(requests):
         return 2
     prompt = requests.input_tokens.astype(np.int64)
     output = requests.output_tokens.astype(np.int64)
     limit = _max_model_len(policy)
+    k = policy.speculative.num_speculative_tokens if policy.speculative is not None else 0
     if limit and policy.caps_long_requests:   # every prompt that fits with one token runs, up to the limit
         ok = prompt < limit
-        return int(np.minimum(prompt + output, limit)[ok].max() + 1) if ok.any() else 2
+        return int(np.minimum(prompt + output + k, limit)[ok].max() + 1) if ok.any() else 2
     ok = prompt + output <= limit if limit else np.ones(prompt.shape, bool)
     if not ok.any():
         return 2
-    return int(prompt[ok].max() + output[ok].max() + 1)
+    return int(prompt[ok].max() + output[ok].max() + 1 + k)
 
 
 def prefill_lengths(top: int) -> list[int]:
@@ -353,7 +367,7 @@ def live_warm_tokens(requests: Requests, policy, graph_batch_sizes: tuple[int, .
     budget = policy.budget
     return warm_token_counts(block_size=budget.block_size, num_blocks=budget.num_blocks,
                              max_context=engine_context(requests, policy), graph_batch_sizes=graph_batch_sizes,
-                             max_seqs=_max_seqs(policy, 256),
+                             max_seqs=_warm_seqs(policy),
                              prefill_tokens=warmup_prefill_tokens(requests, policy))
 
 
@@ -432,14 +446,60 @@ def _max_seqs(policy, default: int) -> int:
     return default if policy.max_num_seqs is None else int(policy.max_num_seqs)
 
 
-class _Driver:
-    def __init__(self, requests: Requests, policy, engine, *, seed: int, spin_ns: int, clock):
-        from policies.kv_cache import KVCacheManager
+def _warm_seqs(policy) -> int:
+    """Most engine rows of one step: the policy's ``max_num_seqs`` (256 when it declares
+    none), times ``1 + k`` under speculative decoding (a verification of ``1 + k`` tokens
+    runs as that many decode rows)."""
+    spec = policy.speculative
+    return _max_seqs(policy, 256) * (1 + (spec.num_speculative_tokens if spec is not None else 0))
 
-        if policy.speculative is not None:
-            raise InputError("--speculative-config: speculative decoding is simulated only; the live "
-                             "engines run no draft model (run it with schedsim run)")
+
+@dataclass(eq=False)
+class _Formed:
+    """One step on its way through the loop: formed, launched, finished."""
+
+    start: int
+    """When forming began (ns from the trace start)."""
+    step: Step
+    rows: list
+    ntok: list
+    ctx: list
+    live: list = field(default_factory=list)
+    """Indices of the rows whose requests have not failed."""
+    tables: list | None = None
+    error: str = ""
+    formed: int = 0
+    prepared: object = None
+    """The engine's packed inputs when packed while the step before ran."""
+    patch: list = field(default_factory=list)
+    """(token index, row, position) of the placeholders in ``prepared``."""
+    drafts: dict = field(default_factory=dict)
+    """Row index -> draft token ids of each verifying row."""
+    engine_rows: list | None = None
+    """(tokens, context) of each engine row, where they differ from the step's rows."""
+    draft_ms: float = 0.0
+    swap_ms: float = 0.0
+    issue: int = 0
+    t_engine: int = 0
+    end: int = 0
+    out: np.ndarray | None = None
+    gpu_ms: float = math.nan
+    graph: bool = False
+    exc: BaseException | None = None
+    future: object = None
+    overlapped_ns: int = 0
+
+
+class _Driver:
+    def __init__(self, requests: Requests, policy, engine, *, seed: int, spin_ns: int, clock,
+                 draft=None, overlap: bool = False):
+        from policies.kv_cache import KVCacheManager
+        from schedsim.live.speculative import proposer_for
+
         n = len(requests)
+        self.overlap = bool(overlap)
+        self.proposer = proposer_for(policy.speculative, draft)
+        self.draft_done = [0] * n   # tokens of each request whose draft-model KV is written
         self.req, self.policy, self.engine, self.n = requests, policy, engine, n
         self.clock, self.spin_ns = clock, int(spin_ns)
         self.t0 = 0
@@ -479,28 +539,78 @@ class _Driver:
 
     def run(self, deadline_ns: int, stop: threading.Event | None) -> str | None:
         """Steps until the trace is done; returns why it stopped early, if it did."""
-        policy = self.policy
+        if self.overlap:
+            return self._run_overlapped(deadline_ns, stop)
         while True:
             start = self.now()
             if start >= deadline_ns:
                 return "time limit"
             if stop is not None and stop.is_set():
                 return "stopped"
-            if self.next_arrival_ns <= start:
-                self._deliver(start)
-            step = policy.schedule(start)
-            if type(step) is not Step and not isinstance(step, Step):
-                raise PolicyError(f"{type(policy).__name__}.schedule returned {step!r}, not a Step")
-            for reject in step.rejects:
-                apply_reject(self.policy, self.status, self.end_ns, self.delivered, start, reject)
-            if not step.rows.shape[0]:
+            step = self._next(start)
+            if step is None:
                 if self.next_arrival_ns >= NEVER:
                     return None
                 if self._sleep_until(min(self.next_arrival_ns, deadline_ns), stop):
                     self.lateness.append(self.now() - self.next_arrival_ns)
                 continue
-            self._check(step)
-            self._run_step(start, step)
+            f = self._form(start, step, stage=False)
+            self._launch(f, None)
+            self._finish(f)
+            self.policy.on_step_done(f.end, step, 1)
+
+    def _run_overlapped(self, deadline_ns: int, stop: threading.Event | None) -> str | None:
+        """The loop under async scheduling: while step n runs on a worker thread, the policy
+        is told it is done (it counts tokens, it needs no token ids), forms step n + 1 and
+        its block tables, and the engine packs its inputs, with the tokens step n will
+        generate as placeholders written in once it ends (:meth:`_launch`). Arrivals during
+        step n after step n + 1 was formed wait for step n + 2, as in vLLM."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        inflight = None
+        with ThreadPoolExecutor(1, thread_name_prefix="schedsim-engine") as worker:
+            try:
+                while True:
+                    start = self.now()
+                    if start >= deadline_ns or (stop is not None and stop.is_set()):
+                        return "time limit" if start >= deadline_ns else "stopped"
+                    step = self._next(start)
+                    if step is None:
+                        if inflight is not None:
+                            self._finish(inflight)
+                            inflight = None
+                            continue
+                        if self.next_arrival_ns >= NEVER:
+                            return None
+                        if self._sleep_until(min(self.next_arrival_ns, deadline_ns), stop):
+                            self.lateness.append(self.now() - self.next_arrival_ns)
+                        continue
+                    f = self._form(start, step, stage=inflight is not None)
+                    if inflight is not None:
+                        self._finish(inflight)
+                        f.overlapped_ns = max(0, min(f.formed, inflight.t_engine) - start)
+                    self._launch(f, worker)
+                    inflight = f
+                    self.policy.on_step_done(self.now(), step, 1)
+            finally:
+                if inflight is not None:
+                    self._finish(inflight)
+
+    def _next(self, start: int) -> Step | None:
+        """Deliver what arrived by ``start``, ask the policy for a step, apply its rejects;
+        None when it has nothing to run."""
+        policy = self.policy
+        if self.next_arrival_ns <= start:
+            self._deliver(start)
+        step = policy.schedule(start)
+        if type(step) is not Step and not isinstance(step, Step):
+            raise PolicyError(f"{type(policy).__name__}.schedule returned {step!r}, not a Step")
+        for reject in step.rejects:
+            apply_reject(self.policy, self.status, self.end_ns, self.delivered, start, reject)
+        if not step.rows.shape[0]:
+            return None
+        self._check(step)
+        return step
 
     def _sleep_until(self, target: int, stop) -> bool:
         """Sleep (then busy-wait the last ``spin_ns``) until ``target``; False if stopped first."""
@@ -534,52 +644,155 @@ class _Driver:
             raise PolicyError(f"{name} scheduled rows that have not arrived: "
                               f"{rows[rows >= self.delivered][:8].tolist()}")
 
-    def _run_step(self, start: int, step: Step) -> None:
-        from schedsim.live.engines.llm_rows import EngineRow
-
-        engine, tokens = self.engine, self.tokens
+    def _form(self, start: int, step: Step, stage: bool) -> "_Formed":
+        """Block tables and the rows' known tokens; with ``stage``, the engine's packed inputs
+        too (the tokens the running step will generate as placeholders, :attr:`_Formed.patch`)."""
         rows = step.rows.tolist()
-        ntok = step.num_tokens.tolist()
-        ctx = step.context.tolist()
+        f = _Formed(start, step, rows, step.num_tokens.tolist(), step.context.tolist())
         if step.preempted.shape[0]:
             self.preemptions[step.preempted] += 1
-        swap_ms, error, out, gpu_ms, graph = 0.0, "", None, math.nan, False
-        issue = t_engine = start
-        live = [i for i, r in enumerate(rows) if self.failed_ns[r] < 0]
+            for v in step.preempted.tolist():
+                self.draft_done[v] = 0   # its blocks change: the draft's KV is gone
+        f.live = [i for i, r in enumerate(rows) if self.failed_ns[r] < 0]
         try:
-            swap_ms = self._swap(step)
-            tables = self._tables(rows, ntok, ctx)
-            engine_rows = [EngineRow(tokens.get(rows[i], ctx[i], ntok[i]), ctx[i], tables[i]) for i in live]
-            issue = self.now()
-            if engine_rows:
-                out = engine.execute(engine_rows)
-                gpu_ms, graph = float(engine.last_gpu_ms), bool(engine.last_graph)
-            t_engine = self.now()
+            f.tables = self._tables(rows, f.ntok, f.ctx)
+        except (KeyboardInterrupt, PolicyError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the driver's own KV pool is full: fail the step
+            self._fail(f, exc)
+        # Emitted tokens counted now (the policy counts them at on_step_done): the next step's
+        # tables free the blocks of requests done here (reserving policies).
+        counts = step.emit_tokens.tolist() if step.emit_tokens is not None else None
+        for i, r in enumerate(rows):
+            if step.emits[i]:
+                self.emitted[r] += counts[i] if counts is not None else 1
+                if self.emitted[r] >= self.output[r] and not self.paged:
+                    self.done_holding.add(r)
+        if stage and not f.error and self.proposer is None:
+            f.prepared, f.patch = self._stage(f)
+        f.formed = self.now()
+        return f
+
+    def _stage(self, f: "_Formed"):
+        """Pack ``f``'s rows now, tokens not generated yet as 0; returns (packed, patch list)."""
+        from schedsim.live.engines.llm_rows import EngineRow
+
+        tokens, patch, engine_rows, at = self.tokens, [], [], 0
+        for i in f.live:
+            r, c, n = f.rows[i], f.ctx[i], f.ntok[i]
+            have = max(0, min(n, tokens.known(r) - c))
+            ids = np.zeros(n, np.int64)
+            if have:
+                ids[:have] = tokens.get(r, c, have)
+            patch += [(at + j, r, c + j) for j in range(have, n)]
+            engine_rows.append(EngineRow(ids, c, f.tables[i]))
+            at += n
+        return (self.engine.prepare(engine_rows) if engine_rows else None), patch
+
+    def _launch(self, f: "_Formed", worker) -> None:
+        """Swaps, drafts and the engine call: on ``worker`` (a thread) when given, else here."""
+        from schedsim.live.engines.llm_rows import EngineRow
+
+        if f.error:
+            f.issue = f.t_engine = self.now()
+            return
+        engine, tokens = self.engine, self.tokens
+        live = [i for i in f.live if self.failed_ns[f.rows[i]] < 0]
+        if live != f.live:   # the step before failed some of its requests
+            f.live, f.prepared = live, None
+        try:
+            f.swap_ms = self._swap(f.step)
+            if f.prepared is not None:
+                if f.patch:
+                    idx, r, pos = zip(*f.patch)
+                    engine.set_tokens(f.prepared, list(idx), [tokens.get(a, b, 1)[0] for a, b in zip(r, pos)])
+                prepared = f.prepared
+            else:
+                if self.proposer is not None:
+                    t = self.now()
+                    f.drafts = self.proposer.propose(f.rows, f.ntok, f.ctx, f.live, f.tables, tokens, self.draft_done)
+                    f.draft_ms = (self.now() - t) / 1e6
+                rows = []
+                for i in f.live:
+                    r, c, n = f.rows[i], f.ctx[i], f.ntok[i]
+                    d = f.drafts.get(i)
+                    if d is None:
+                        rows.append(EngineRow(tokens.get(r, c, n), c, f.tables[i]))
+                    else:   # a verification: one decode row per token (the last known, then the drafts)
+                        ids = np.concatenate([tokens.get(r, c, 1), d])
+                        rows += [EngineRow(ids[j:j + 1], c + j, f.tables[i]) for j in range(n)]
+                f.engine_rows = [(len(e.tokens), e.context) for e in rows]
+                prepared = None if not rows else (engine.prepare(rows) if worker is not None else rows)
         except (KeyboardInterrupt, PolicyError):
             raise
         except Exception as exc:  # noqa: BLE001 - an engine error fails this step's requests
-            t_engine = self.now()
-            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-            failed = [rows[i] for i in live]
-            self.failed_ns[failed] = t_engine
-            self.failures.append({"step": len(self.records), "error": error, "rows": failed[:64]})
-        end = self.now()
+            self._fail(f, exc)
+            f.issue = f.t_engine = self.now()
+            return
+        f.issue = self.now()
+        if prepared is None:
+            f.t_engine = f.issue
+            return
+        if worker is None:
+            self._call(f, engine.execute, prepared)
+        else:
+            f.future = worker.submit(self._call, f, engine.run, prepared)
+
+    def _call(self, f: "_Formed", call, arg) -> None:
+        try:
+            f.out = call(arg)
+            f.gpu_ms, f.graph = float(self.engine.last_gpu_ms), bool(self.engine.last_graph)
+        except (KeyboardInterrupt, PolicyError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine error fails this step's requests
+            f.exc = exc
+        f.t_engine = self.now()
+
+    def _fail(self, f: "_Formed", exc: BaseException) -> None:
+        t = self.now()
+        f.error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        failed = [f.rows[i] for i in f.live]
+        self.failed_ns[failed] = t
+        self.failures.append({"step": len(self.records), "error": f.error, "rows": failed[:64]})
+
+    def _finish(self, f: "_Formed") -> None:
+        """Wait for the step's engine call, hand its tokens to the requests, log it."""
+        if f.future is not None:
+            f.future.result()
+            f.future = None
+        if f.exc is not None:
+            self._fail(f, f.exc)
+        f.end = end = self.now()
+        tokens, out = self.tokens, f.out
         if out is not None:
-            for k, i in enumerate(live):
-                r = rows[i]
-                if ctx[i] + ntok[i] == tokens.length[r]:   # the row's next token (padding rows too)
-                    tokens.append(r, int(out[k]))
-        for i, r in enumerate(rows):
-            if step.emits[i]:
-                self.emitted[r] += 1
-                if self.emitted[r] >= self.output[r] and not self.paged:
-                    self.done_holding.add(r)
-        self.records.append((start, end, step))
-        self.timing.append([len(self.timing), start, issue, end, *composition(ntok, ctx, live), graph,
-                            (issue - start) / 1e3, swap_ms, (t_engine - issue) / 1e6, gpu_ms,
-                            (end - start) / 1e6 - (gpu_ms if math.isfinite(gpu_ms) else 0.0),
-                            "failed" if error else "ok", error])
-        self.policy.on_step_done(end, step, 1)
+            k = 0
+            counts = f.step.emit_tokens
+            for i in f.live:
+                r = f.rows[i]
+                d = f.drafts.get(i)
+                if d is None:
+                    if f.ctx[i] + f.ntok[i] == tokens.length[r]:   # the row's next token (padding rows too)
+                        tokens.append(r, int(out[k]))
+                    k += 1
+                    continue
+                # Verified: the accepted drafts (as many as the policy drew), then the target's
+                # token after them; the draft's KV holds the accepted ones.
+                t = int(counts[i])
+                known = tokens.length[r]
+                for tok in d[:t - 1].tolist():
+                    tokens.append(r, tok)
+                tokens.append(r, int(out[k + t - 1]))
+                self.draft_done[r] = known + min(t - 1, len(d) - 1)
+                k += f.ntok[i]
+        begin = f.start if not self.records else max(f.start, self.records[-1][1])
+        self.records.append((begin, end, f.step))
+        comp = composition(*zip(*f.engine_rows)) if f.engine_rows else composition(f.ntok, f.ctx, f.live)
+        gpu = f.gpu_ms if math.isfinite(f.gpu_ms) else 0.0
+        self.timing.append([len(self.timing), f.start, f.issue, end, *comp, f.graph,
+                            (f.formed - f.start) / 1e3 if self.overlap else (f.issue - f.start) / 1e3 - f.draft_ms * 1e3,
+                            f.swap_ms, (f.t_engine - f.issue) / 1e6, f.gpu_ms,
+                            (end - begin) / 1e6 - gpu - f.draft_ms,
+                            "failed" if f.error else "ok", f.error, f.draft_ms, f.overlapped_ns / 1e6])
 
     # --- blocks ----------------------------------------------------------------------------
 
@@ -677,7 +890,11 @@ class _Driver:
         ntok = np.concatenate([st.num_tokens for st in steps]).astype(np.int64) if steps else empty_i
 
         ones = np.ones(nsteps, np.int64)
-        t = token_times(n, rows, rec, emits, start, end, end, ones)   # one step per record, live
+        counts = None
+        if self.policy.speculative is not None and steps:   # tokens each row emitted (speculative)
+            counts = np.concatenate([st.emits.astype(np.int64) if st.emit_tokens is None
+                                     else st.emit_tokens.astype(np.int64) for st in steps])
+        t = token_times(n, rows, rec, emits, start, end, end, ones, counts)   # one step per record, live
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         itl_ns = t.gaps_ns[self.req.arrival_ns[t.gap_rows] >= itl_from_ns]  # warm-up requests add no gaps
 
@@ -724,7 +941,8 @@ class _Driver:
 def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | None = None,
                  warmup_s: float = 0.0, engine_warmup: bool = True, seed: int = 0, spin_us: float = 50.0,
                  stop: threading.Event | None = None, start_delay_s: float = 0.05,
-                 keep_tokens: bool = False, clock=time.perf_counter_ns) -> tuple[LLMResult, dict]:
+                 keep_tokens: bool = False, clock=time.perf_counter_ns, draft=None,
+                 overlap: bool = False) -> tuple[LLMResult, dict]:
     """Replay ``requests`` in real time against the LLM ``policy`` on an open ``engine``.
 
     ``engine`` is an entered :class:`~schedsim.live.engines.llm_engine.PagedLLMEngine` (or one
@@ -738,6 +956,13 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
     Ctrl-C end the run early: the step in flight finishes (Ctrl-C: is dropped) and the
     result holds the requests scheduled so far (``extra["partial"]`` says why).
 
+    ``draft``: an entered draft engine (:func:`~schedsim.live.engines.llm_engine.draft_engine`)
+    for a policy running speculative decoding with a model proposer
+    (:mod:`schedsim.live.speculative`; ``ngram`` and ``suffix`` need none). ``overlap``: run
+    as async scheduling does, forming each step while the one before runs on a worker
+    thread (:meth:`_Driver._run_overlapped`; the engine needs ``prepare``, ``run`` and
+    ``set_tokens``); False: one step after another.
+
     Returns the :class:`LLMResult` and ``extra``: per-step timings (``extra["steps"]``,
     :data:`STEP_COLUMNS`), their summaries, swap totals, lateness and failures; with
     ``keep_tokens``, ``extra["tokens"]`` (a :class:`PromptTokens`: every request's prompt
@@ -748,13 +973,24 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
     n = len(requests)
     policy.reset(requests)
     check_engine_for(policy, engine)
+    if draft is not None:
+        check_engine_for(policy, draft)
+    if overlap and not all(hasattr(engine, a) for a in ("prepare", "run", "set_tokens")):
+        raise ValueError(f"overlap=True needs an engine with prepare, run and set_tokens; "
+                         f"{type(engine).__name__} has not")
     setup = {"engine_warmup_s": 0.0, "warmup_decode_shapes": 0, "warmup_eager_s": 0.0, "warmup_eager_steps": 0}
     if engine_warmup:
-        setup = warm_up(engine, max_seqs=_max_seqs(policy, 256),
+        setup = warm_up(engine, max_seqs=_warm_seqs(policy),
                         max_context=min(engine_context(requests, policy), engine.max_context),
                         prefill_tokens=warmup_prefill_tokens(requests, policy))
+        if draft is not None:
+            warm = warm_up(draft, max_seqs=_max_seqs(policy, 256),
+                           max_context=min(engine_context(requests, policy), draft.max_context),
+                           prefill_tokens=warmup_prefill_tokens(requests, policy))
+            setup["draft_warmup_s"] = warm["engine_warmup_s"]
         policy.reset(requests)   # fresh state after the warm-up's wall time
-    driver = _Driver(requests, policy, engine, seed=seed, spin_ns=int(spin_us * 1000), clock=clock)
+    driver = _Driver(requests, policy, engine, seed=seed, spin_ns=int(spin_us * 1000), clock=clock,
+                     draft=draft, overlap=overlap)
     gc_was = gc.isenabled()
     old_slack = timer_slack(1)
     reason = None
@@ -781,7 +1017,7 @@ def run_live_llm(requests: Requests, policy, engine, *, time_limit_s: float | No
                  trace_requests=n, **setup,
                  options={"seed": seed, "spin_us": spin_us, "engine_warmup": engine_warmup,
                           "gc_disabled": True, "timer_slack_1ns": old_slack is not None,
-                          "block_source": "policy" if driver.paged else "driver"})
+                          "block_source": "policy" if driver.paged else "driver", "overlap": driver.overlap})
     if keep_tokens:
         extra["tokens"] = driver.tokens
     return result, extra
@@ -819,6 +1055,9 @@ def _extra(driver: _Driver, warmup_s: float) -> dict:
         "padding_null_writes": driver.padding_null_writes,
         "failed_steps": len(driver.failures), "failures": driver.failures[:100],
         "engine_warnings": list(getattr(driver.engine, "warnings", []))[:20],
+        "draft_ms": pick("draft_ms"),
+        "draft_steps": driver.proposer.steps if driver.proposer is not None else 0,
+        "overlap_ms": pick("overlap_ms"),
         "steps": steps,
     }
 

@@ -14,7 +14,7 @@ times prefills of it like an encoder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +56,17 @@ CONFIGS: dict[str, DecoderConfig] = {
     "llama-tiny": DecoderConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=172, vocab=512,
                                 max_positions=256, rope_theta=10000.0),
 }
+# Draft models for speculative decoding: one layer of the target's shape and vocabulary (the
+# size of an EAGLE or MTP head: about 1/16 of llama-1b's layers), a model of its own here.
+CONFIGS["llama-1b-draft"] = replace(CONFIGS["llama-1b"], layers=1)
+CONFIGS["llama-tiny-draft"] = replace(CONFIGS["llama-tiny"], layers=1)
+
+DRAFT_MODELS: dict[str, str] = {"llama-1b": "llama-1b-draft", "llama-tiny": "llama-tiny-draft"}
+"""The draft model the live engine runs beside each target for speculative decoding (same
+vocabulary, so a draft token is a target token)."""
 
 DESCRIPTIONS: dict[str, str] = {
-    name: (f"{name} (Llama-like decoder: {c.layers} layers, hidden {c.hidden}, {c.heads} "
+    name: (f"{name} (Llama-like decoder: {c.layers} layer{'s' if c.layers != 1 else ''}, hidden {c.hidden}, {c.heads} "
            f"heads / {c.kv_heads} KV heads, SwiGLU FFN {c.ffn}, vocab {c.vocab}, random weights)")
     for name, c in CONFIGS.items()
 }

@@ -190,7 +190,9 @@ class PagedLLMEngine:
         self.kv = torch.zeros((cfg.layers, 2, self.num_blocks, self.block_size, cfg.kv_heads,
                                cfg.head_dim), device=self.device, dtype=self.dtype)
         self._pin = self.is_cuda
-        self._host_in = torch.zeros(1 << 12, dtype=torch.int64, pin_memory=self._pin)
+        # Two staging buffers, used in turn: a step can be packed while the one before runs.
+        self._host_in = [torch.zeros(1 << 12, dtype=torch.int64, pin_memory=self._pin) for _ in range(2)]
+        self._stage = 0
         self._host_out = torch.zeros(1 << 8, dtype=torch.int64, pin_memory=self._pin)
         self._graphs: dict[tuple[int, int], _Graph | None] = {}
         self._gqa_lower_right = _flash_gqa_lower_right(cfg, self.device, self.dtype)
@@ -221,13 +223,18 @@ class PagedLLMEngine:
 
     # -- inputs ---------------------------------------------------------------------
     def _staging(self, n: int) -> torch.Tensor:
-        if self._host_in.numel() < n:
-            self._host_in = torch.zeros(1 << (n - 1).bit_length(), dtype=torch.int64,
-                                        pin_memory=self._pin)
-        return self._host_in[:n]
+        i, self._stage = self._stage, self._stage ^ 1
+        if self._host_in[i].numel() < n:
+            self._host_in[i] = torch.zeros(1 << (n - 1).bit_length(), dtype=torch.int64,
+                                           pin_memory=self._pin)
+        return self._host_in[i][:n]
 
     def prepare(self, rows: Sequence[EngineRow]) -> _Prepared:
-        """Pack a step's rows into the staging buffer (host work only; :meth:`execute` calls it).
+        """Pack a step's rows into a staging buffer (host work only; :meth:`execute` calls it).
+
+        The two staging buffers are used in turn, so one step may be packed while the step
+        packed before it runs (:meth:`run` on another thread); a third would overwrite the
+        running step's inputs.
 
         Layout: ids, pos, slot (one per token), last (one per row), then for the decode
         rows lens (context + 1) and a [decodes, width] block table padded with the null
@@ -453,7 +460,21 @@ class PagedLLMEngine:
 
         Blocks until the step is done (the output is on the host).
         """
-        p = self.prepare(rows)
+        return self.run(self.prepare(rows))
+
+    @staticmethod
+    def set_tokens(p: _Prepared, index, values) -> None:
+        """Write token ids into a packed step before it runs: ``index`` counts the step's
+        tokens in row order (row i's j-th token is ``sum(tokens of rows before i) + j``).
+        A driver preparing a step while the one before runs packs the tokens that step
+        will generate as placeholders and writes them here once they are known."""
+        a, _ = p.offsets["ids"]
+        p.host[a + np.asarray(index, np.int64)] = values
+
+    def run(self, p: _Prepared) -> np.ndarray:
+        """Run a step packed by :meth:`prepare`; return each row's greedy next token.
+
+        Blocks until the step is done; may run on another thread than :meth:`prepare`."""
         n = p.rows
         if self._host_out.numel() < n:
             self._host_out = torch.zeros(1 << (n - 1).bit_length(), dtype=torch.int64,
@@ -574,6 +595,22 @@ class PagedLLMEngine:
                 "graph_batch_sizes": list(self.graph_batch_sizes),
                 "decode_split_ctas": self.decode_split_ctas, "min_split_blocks": self.min_split_blocks,
                 "kv_heads": self.cfg.kv_heads}
+
+
+def draft_engine(target: PagedLLMEngine, seed: int | None = None) -> PagedLLMEngine:
+    """The draft model's engine for speculative decoding beside ``target`` (not entered):
+    :data:`~schedsim.live.engines.decoder.DRAFT_MODELS`' model for the target's, on the same
+    device and dtype, with a pool of as many blocks of the same size (it reads and writes
+    the target's block ids in its own pool) and the same context reach. Weights are seeded
+    apart from the target's (``seed``: the target's plus one)."""
+    from schedsim.live.engines.decoder import DRAFT_MODELS
+
+    if target.name not in DRAFT_MODELS:
+        raise ValueError(f"no draft model for {target.name!r}; drafts exist for {sorted(DRAFT_MODELS)}")
+    return PagedLLMEngine(DRAFT_MODELS[target.name], target.num_blocks, target.block_size, target.device,
+                          target.dtype, target.cuda_graphs, (target.seed + 1) if seed is None else seed,
+                          max_context=target.max_context, graph_batch_sizes=target.graph_batch_sizes,
+                          decode_split_ctas=target.decode_split_ctas, min_split_blocks=target.min_split_blocks)
 
 
 def _lower_right(q_len: int, kv_len: int, device):

@@ -23,11 +23,11 @@ from schedsim.live.llm_driver import run_live_llm  # noqa: E402
 from schedsim.core.llm_metrics import summarize_llm  # noqa: E402
 from schedsim.registry import build_policy  # noqa: E402
 from schedsim.core.results import COMPLETED, FAILED  # noqa: E402
+from live_llm_helpers import BS, CASES  # noqa: E402
 from llm_helpers import llm_requests  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = ROOT / "tests" / "data" / "llm_steps_synthetic.csv"
-BS = 8
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,17 +75,6 @@ def assert_greedy(model, requests, tokens, row):
     seq = tokens.tokens(row)
     assert seq.size >= p + o
     assert seq[p:p + o].tolist() == dense_greedy(model, seq[:p], o), f"row {row}"
-
-
-CASES = {
-    "paged-recompute": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96)),
-    "paged-swap": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96,
-                                    preemption_mode="swap", swap_space_gb=0.02)),
-    "paged-recompute-0.8": ("paged-kv", dict(num_blocks=24, max_num_seqs=8, max_num_batched_tokens=96,
-                                             vllm_compat="0.8")),
-    "continuous": ("continuous", dict(num_blocks=40, max_num_seqs=8, reservation="oracle")),
-    "static": ("llm-static", dict(num_blocks=60, batch_size=4, reservation="oracle")),
-}
 
 
 @pytest.mark.parametrize("case", list(CASES))

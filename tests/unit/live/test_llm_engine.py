@@ -283,3 +283,21 @@ def test_steps_run_in_inference_mode_as_the_profiler_measures_them(model, monkey
         assert not torch.is_inference_mode_enabled()
         eng.execute([EngineRow(_tokens(np.random.default_rng(1), 5), 0, [1])])
     assert seen == [True]
+
+
+def test_two_steps_packed_before_either_runs_and_tokens_written_in_later(model):
+    """The two staging buffers: a step packed while the one before is still to run keeps
+    its inputs, and a placeholder token written in with set_tokens before run() is the one
+    computed (what the live driver does under async scheduling)."""
+    rng = np.random.default_rng(3)
+    a, b = _tokens(rng, 12), _tokens(rng, 9)
+    with _engine(model) as eng:
+        want_a = eng.execute([EngineRow(a, 0, [1, 2])])
+        want_b = eng.execute([EngineRow(b, 0, [3, 4])])
+        held = b.copy()
+        held[-1] = 0                                   # not known yet when packed
+        pa = eng.prepare([EngineRow(a, 0, [5, 6])])
+        pb = eng.prepare([EngineRow(held, 0, [7, 8])])
+        np.testing.assert_array_equal(eng.run(pa), want_a)
+        eng.set_tokens(pb, [b.size - 1], [b[-1]])
+        np.testing.assert_array_equal(eng.run(pb), want_b)
