@@ -54,7 +54,7 @@ SEQ_LEN = 128
 def simulate_cell(run: dict, profile: Path, replications: int, work: Path) -> dict:
     trace = generate("gamma" if run["arrival"] != "poisson" else "poisson", rng=np.random.default_rng(run["seed"]),
                      duration_s=run["duration_s"], rate=run["rate_rps"],
-                     cv=None if run["arrival"] == "poisson" else run["cv"], seq_len=f"fixed:{SEQ_LEN}")
+                     cv=None if run["arrival"] == "poisson" else run["cv"], seq_len=f"fixed:{run.get('seq_len', SEQ_LEN)}")
     assert len(trace) == run["requests_in_trace"], (run["config"], len(trace), run["requests_in_trace"])
     path = work / f"{run['config']}-{run['arrival']}-{run['load']}.csv"
     save_trace(trace, path)

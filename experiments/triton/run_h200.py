@@ -60,19 +60,22 @@ from schedsim.triton.server import TritonServer, find_tritonserver  # noqa: E402
 
 MODEL, SEQ_LEN, MAX_BATCH, PREFERRED = "bert-base", 128, 64, (8, 16, 32)
 NAME = "bert_base"
-ON_CPU = {"model": "bert-tiny", "engine": "numpy", "kind": "KIND_CPU", "hidden": 128, "seq_len": 16}
-"""--cpu: the same grid with bert-tiny in numpy on KIND_CPU (a check of this script off the GPU)."""
+ON_CPU = {"model": "bert-tiny", "engine": "numpy", "kind": "KIND_CPU", "hidden": 128, "seq_len": 16,
+          "max_batch": 16, "preferred": (4, 8)}
+"""--cpu: the same grid with bert-tiny in numpy on KIND_CPU (max batch 16, preferred 4 and 8): the
+CPU fidelity table, and a check of this script off the GPU."""
 ARRIVALS = {"poisson": None, "gamma3": 3.0}
 
 
-def configs() -> list[dict]:
+def configs(cpu: bool = False) -> list[dict]:
+    max_batch, preferred = (ON_CPU["max_batch"], ON_CPU["preferred"]) if cpu else (MAX_BATCH, PREFERRED)
     out = [{"name": f"none-i{i}", "policy": "none", "params": {}, "instances": i} for i in (1, 2)]
     for i in (1, 2):
         for delay in (0, 100, 500, 2000):
             for pref in (False, True):
-                params = {"max_batch_size": MAX_BATCH, "max_queue_delay_us": delay}
+                params = {"max_batch_size": max_batch, "max_queue_delay_us": delay}
                 if pref:
-                    params["preferred_batch_sizes"] = list(PREFERRED)
+                    params["preferred_batch_sizes"] = list(preferred)
                 out.append({"name": f"dyn-d{delay}-{'pref' if pref else 'nopref'}-i{i}", "policy": "dynamic",
                             "params": params, "instances": i})
     return out
@@ -167,7 +170,7 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
             "utilization", "partial")
     return {"config": cfg["name"], "policy": cfg["policy"], "params": cfg["params"], "instances": cfg["instances"],
             "arrival": arrival, "cv": cv or 1.0, "load": load, "rep": rep, "capacity_rps": capacity,
-            "rate_rps": rate, "seed": seed, "duration_s": duration, "requests_in_trace": len(trace),
+            "rate_rps": rate, "seed": seed, "duration_s": duration, "seq_len": seq_len, "requests_in_trace": len(trace),
             "client_processes": processes, "wall_s": round(time.monotonic() - t, 2),
             "summary": {k: summary.get(k) for k in keep}, "live": summary["live"],
             "triton_delta": stats["delta"], "trace_window_ns": window, "trace_rate": args.trace_rate,
@@ -194,7 +197,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     k, n = (int(x) for x in args.part.split("/"))
-    selected = [c for c in configs() if not args.configs or any(s in c["name"] for s in args.configs.split(","))]
+    selected = [c for c in configs(args.cpu) if not args.configs or any(s in c["name"] for s in args.configs.split(","))]
     selected = selected[k - 1::n]
     loads = [float(x) for x in args.loads.split(",")]
     arrivals = args.arrivals.split(",")
