@@ -55,6 +55,8 @@ Public interface of :class:`KVCacheManager`:
   grow ``req`` to cover ``num_tokens``; new blocks taken, or ``None`` if it does not fit.
 - ``allocate_round_robin(reqs, num_blocks)``: one block each to ``reqs`` in turn, cycling
   (the blocks of a run of repeated decode steps, in one call).
+- ``allocate_each(reqs, num_tokens)`` / ``fits_each(reqs, num_tokens)``: grow several
+  requests in turn, all or none (the running requests of one step, in one call).
 - ``cache_blocks(req, num_full_blocks, keys)``: register the request's full blocks.
 - ``free(req)``: release a request's GPU blocks (or its swap blocks if swapped out).
 - ``blocks_of(req)`` / ``holds(req)`` / ``is_swapped(req)``: what a request has.
@@ -413,6 +415,42 @@ class KVCacheManager:
         for i, blocks in enumerate(tables):
             blocks += taken[i::k]
 
+    def allocate_each(self, reqs: Sequence[Hashable], num_tokens: Sequence[int]) -> bool:
+        """Grow each of ``reqs`` (each holding blocks) to ``num_tokens[i]`` tokens, in turn:
+        the same as ``allocate(reqs[i], num_tokens[i])`` for each ``i`` when all of them fit,
+        in one take from the free queue. Returns False, changing nothing, when they do not
+        all fit (the caller then decides one by one, preempting where one fails)."""
+        grown, total = self._growth(reqs, num_tokens)
+        if total > self.num_free_blocks:
+            return False
+        if total:
+            taken: list[int] = []
+            self._take(total, taken)
+            at = 0
+            for blocks, need in grown:
+                blocks += taken[at:at + need]
+                at += need
+        return True
+
+    def fits_each(self, reqs: Sequence[Hashable], num_tokens: Sequence[int]) -> bool:
+        """Whether :meth:`allocate_each` of the same arguments would succeed (changes nothing)."""
+        return self._growth(reqs, num_tokens)[1] <= self.num_free_blocks
+
+    def _growth(self, reqs: Sequence[Hashable], num_tokens: Sequence[int]) -> tuple[list, int]:
+        """(block table, new blocks) of each request that grows, and the new blocks in all."""
+        tables, bs = self._req, self.block_size
+        grown = []
+        total = 0
+        for req, tokens in zip(reqs, num_tokens):
+            blocks = tables.get(req)
+            if blocks is None:
+                raise KVCacheError(f"allocate_each: request {req!r} holds no blocks")
+            need = -(-tokens // bs) - len(blocks)
+            if need > 0:
+                grown.append((blocks, need))
+                total += need
+        return grown, total
+
     def free(self, req: Hashable, num_hashed: int = 0) -> None:
         """Release ``req``'s GPU blocks (tail blocks first to the free-queue tail), or its
         swap blocks if it is swapped out.
@@ -455,6 +493,18 @@ class KVCacheManager:
         ones (or within the first ``num_hashed``) are appended to the tail in that order,
         the others put at the head in that order (the first of them becomes the head)."""
         ref, key, caching = self._ref, self._key, self.enable_prefix_caching
+        if not caching:   # no keys: every block goes to the head, the request's first block first
+            self._front += blocks
+            return
+        rest = blocks[num_hashed:]
+        if not self._nshared and (not rest or set(map(key.__getitem__, rest)) == {None}):
+            # Nothing shared and no key past the hashed ones (most requests): the hashed
+            # blocks go to the tail, last first, the rest to the head, in order.
+            for b in blocks:
+                ref[b] = 0
+            self._queue += reversed(blocks[:num_hashed])
+            self._front += rest
+            return
         tail: list[int] = []
         head: list[int] = []
         for i in range(len(blocks) - 1, -1, -1):

@@ -102,6 +102,34 @@ class BlockKeys:
         return KEY_SPAN
 
 
+def shareable_blocks(requests: Requests, block_size: int) -> np.ndarray:
+    """int64 per request: how many of its leading blocks (keyed by hash ids, as
+    :attr:`BlockKeys.shared` counts them) another request may share: those up to its last
+    hash id that another request has at the same place in its prompt. A later block's key
+    (a hash id only this request has there) can be found again only by the request itself,
+    as a generated block's can."""
+    n = len(requests)
+    if requests.hash_ids is None or not n:
+        return np.zeros(n, np.int64)
+    offsets = np.asarray(requests.hash_offsets, np.int64)
+    ids = np.asarray(requests.hash_ids)
+    counts = np.diff(offsets)
+    owner = np.repeat(np.arange(n), counts)
+    pos = np.arange(ids.shape[0]) - offsets[owner]
+    order = np.lexsort((pos, ids))
+    same = (ids[order][1:] == ids[order][:-1]) & (pos[order][1:] == pos[order][:-1])
+    dup = np.zeros(ids.shape[0], bool)
+    dup[1:] |= same
+    dup[:-1] |= same
+    common = np.empty(ids.shape[0], bool)
+    common[order] = dup
+    last = np.full(n, -1, np.int64)
+    np.maximum.at(last, owner[common], pos[common])
+    per_id = int(requests.hash_block_tokens)
+    keyed = np.minimum(requests.input_tokens.astype(np.int64), counts * per_id) // block_size
+    return np.minimum(keyed, (last + 1) * per_id // block_size)
+
+
 def make_step(rows: list, num_tokens: list, context: list, emits: list, **fields) -> Step:
     return Step(rows=np.array(rows, dtype=np.int64), num_tokens=np.array(num_tokens, dtype=np.int32),
                 context=np.array(context, dtype=np.int32), emits=np.array(emits, dtype=bool), **fields)

@@ -43,9 +43,9 @@ import numpy as np
 
 from policies.kv_cache import KVCacheManager
 from policies.llm_common import (BlockKeys, PriorityWaiting, Progress, Waiting, check_token_columns,
-                                 make_step, rejects)
+                                 make_step, rejects, shareable_blocks)
 from schedsim.errors import InputError
-from schedsim.core.llm_policy import LLMPolicy, SpeculativeConfig, Step, kv_budget
+from schedsim.core.llm_policy import LLMPolicy, SpeculativeConfig, Step, int_max, kv_budget
 
 VLLM_COMPAT = {
     "0.8": dict(scheduler_reserve_full_isl=False, async_scheduling=False, enable_prefix_caching=False,
@@ -154,7 +154,14 @@ class PagedKV(LLMPolicy):
     def reset(self, requests) -> None:
         super().reset(requests)
         check_token_columns(requests, self.name)
-        self.p = Progress(requests)
+        self.p = p = Progress(requests)
+        n = len(requests)
+        # Per-request columns as numpy arrays: a busy engine's step reads and writes them for
+        # all running rows at once (:meth:`_running_columns`). Prompt and output stay lists
+        # too, for the per-row paths (admission, preemption), which read scalars.
+        p.computed, p.generated = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        self.prompt_a = np.asarray(p.prompt, dtype=np.int64)
+        self.output_a = np.asarray(p.output, dtype=np.int64)
         self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
                                  enable_prefix_caching=self.prefix_caching,
                                  num_swap_blocks=self.budget.num_swap_blocks,
@@ -173,8 +180,10 @@ class PagedKV(LLMPolicy):
         self.too_long: list[int] = []
         self.admitted_before = set()
         self.hit_tokens = np.zeros(len(requests), dtype=np.int32)
-        self.cap = [0] * len(requests)
-        self.full = [0] * len(requests)   # blocks vLLM would have cached by now (_cache_full_blocks)
+        self.cap = np.zeros(n, np.int64)
+        self.full = np.zeros(n, np.int64)   # blocks vLLM would have cached by now (_cache_full_blocks)
+        # Leading blocks whose keys other requests may share: registered once full.
+        self.shared = shareable_blocks(requests, self.block_size)
         self.preemptions = self.swaps_out = self.swap_fallbacks = 0
         self.max_len = self.budget.max_model_len
         self.max_tokens_in_gpu = self.kv_blocks_total * self.block_size
@@ -191,7 +200,7 @@ class PagedKV(LLMPolicy):
                 if not self.caps_long_requests or most < 1:
                     self.too_long.append(r)
                     continue
-                output[r] = most
+                output[r] = self.output_a[r] = most
                 self.length_capped += 1
             if not self.chunked_prefill and prompt[r] > self.max_num_batched_tokens:
                 self.too_long.append(r)   # only when --max-model-len is above the budget
@@ -207,7 +216,7 @@ class PagedKV(LLMPolicy):
             step = self._schedule_once()
             step.preempted = np.concatenate([first.preempted, step.preempted])
             step.rejects = first.rejects + step.rejects
-            self._made = (step,) + self._made[1:]
+            self._made = step
         return step
 
     def _schedule_once(self) -> Step:
@@ -225,6 +234,11 @@ class PagedKV(LLMPolicy):
         partial_rows: set[int] = set()
         skipped = False
         i = 0
+        head = None
+        if len(running) >= self.VECTOR_ROWS and not partial_limit and not k:
+            head = self._running_columns(budget)
+            if head is not None:   # the loop below then has nothing left to do
+                i, budget = head[0].shape[0], head[4]
         while i < len(running) and budget > 0:
             r = running[i]
             c = computed[r]
@@ -325,16 +339,28 @@ class PagedKV(LLMPolicy):
         if k:   # each verifying row's accepted draft tokens, drawn now (the engine's outcome)
             spec = self._accept(rows, ntok, ctx, emit)
             all_running = False   # no two steps alike: never repeated
+        if head is None:
+            step = make_step(rows, ntok, ctx, emit)
+        else:   # the running rows' columns, then any admitted ones
+            h_rows, h_ntok, h_ctx, h_emit = head[:4]
+            if rows:
+                h_rows = np.concatenate([h_rows, np.array(rows, dtype=np.int64)])
+                h_ntok = np.concatenate([h_ntok, np.array(ntok, dtype=np.int64)])
+                h_ctx = np.concatenate([h_ctx, np.array(ctx, dtype=np.int64)])
+                h_emit = np.concatenate([h_emit, np.array(emit, dtype=bool)])
+            step = Step(rows=h_rows, num_tokens=h_ntok.astype(np.int32), context=h_ctx.astype(np.int32),
+                        emits=h_emit)
         # Identical steps follow only when every row decodes: a one-token prefill chunk (a
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
-        if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
-            repeat = self._repeat_horizon(rows, ctx)
+        if (len(step) and all_running and not preempted and not admitted and int_max(step.num_tokens) == 1
+                and step.emits.all()):
+            repeat = self._repeat_horizon(step.rows, step.context)
             if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
-                repeat = self._until_new_shared_keys(rows, ctx, repeat)
-        step = make_step(rows, ntok, ctx, emit, repeat=repeat,
-                         rejects=rejects(self.too_long), swap_in_blocks=swap_in_blocks,
-                         swap_out_blocks=self._swapped_out_now,
-                         kv_blocks_used=kv.num_used_blocks, waiting=len(self.waiting) + len(self.swapped))
+                repeat = self._until_new_shared_keys(step.rows, step.context, repeat)
+        step.repeat = repeat
+        step.rejects = rejects(self.too_long)
+        step.swap_in_blocks, step.swap_out_blocks = swap_in_blocks, self._swapped_out_now
+        step.kv_blocks_used, step.waiting = kv.num_used_blocks, len(self.waiting) + len(self.swapped)
         if preempted:
             step.preempted = np.array(preempted, dtype=np.int64)
         if k:
@@ -344,30 +370,28 @@ class PagedKV(LLMPolicy):
             step.verify_only = bool(rows) and all(
                 c + 1 >= p.prompt[r] + p.generated[r] for r, c in zip(rows, ctx))
         self._spec = spec
-        self._made = (step, rows, ntok, ctx, emit)   # on_step_done reads these, not the arrays back
+        self._made = step
         self.too_long = []
         self._swapped_out_now = 0
         return step
 
     def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
         p, kv, bs, cap = self.p, self.kv, self.block_size, self.cap
-        computed, generated, output = p.computed, p.generated, p.output
-        made, rows, ntok, ctx, emit = self._made
-        if step is not made:   # a step this policy did not just make: read its arrays
-            rows, ntok, ctx, emit = (step.rows.tolist(), step.num_tokens.tolist(),
-                                     step.context.tolist(), step.emits.tolist())
+        computed, generated = p.computed, p.generated
+        rows = step.rows
         if repeats > 1:
-            self._replay_allocations(rows, ctx, repeats)
-            for r in rows:
-                c = computed[r] = computed[r] + repeats
-                generated[r] += repeats
-                if c > cap[r]:
-                    cap[r] = -(-c // bs) * bs
+            self._replay_allocations(rows, step.context, repeats)
+            computed[rows] += repeats
+            generated[rows] += repeats
+            c = computed[rows]
+            grew = c > cap[rows]
+            cap[rows[grew]] = -(-c[grew] // bs) * bs
         elif self.k:
-            spec = self._spec if step is made else {
-                r: int(t) for r, n, c, t in zip(rows, ntok, ctx, step.emit_tokens.tolist())
+            rows_l, ntok, emit = rows.tolist(), step.num_tokens.tolist(), step.emits.tolist()
+            spec = self._spec if step is self._made else {
+                r: int(t) for r, n, c, t in zip(rows_l, ntok, step.context.tolist(), step.emit_tokens.tolist())
                 if c + n > p.prompt[r] + generated[r]}
-            for r, n, e in zip(rows, ntok, emit):
+            for r, n, e in zip(rows_l, ntok, emit):
                 t = spec.get(r)
                 if t is None:
                     computed[r] += n
@@ -376,30 +400,32 @@ class PagedKV(LLMPolicy):
                 else:   # a verified row: its accepted tokens and the one sampled after them
                     computed[r] += t
                     generated[r] += t
-        else:
-            for r, n, e in zip(rows, ntok, emit):
-                computed[r] += n
-                if e:
-                    generated[r] += 1
-        finished = [r for r in rows if generated[r] >= output[r]]
+        else:   # rows are distinct within a step
+            computed[rows] += step.num_tokens
+            generated[rows] += step.emits
+        finished = rows[generated[rows] >= self.output_a[rows]].tolist()
         if self.prefix_caching and repeats > 1:
             # What the steps of the run registered one by one: a row's blocks up to the last
             # block it filled, where it filled one (a row behind, such as one swapped in with
             # fresh blocks, registers at its next filled block, as step by step).
-            full = self.full
-            for r in rows:
-                c = computed[r]
-                if c // bs > full[r] and c // bs > (c - repeats) // bs and generated[r] < output[r]:
-                    self._cache_full_blocks(r, c // bs)
+            c = computed[rows]
+            filled = c // bs
+            due = (filled > self.full[rows]) & (filled > (c - repeats) // bs) & (generated[rows] < self.output_a[rows])
+            for r, f in zip(rows[due].tolist(), filled[due].tolist()):
+                self._cache_full_blocks(r, f)
         if finished:
             done = set(finished)
             for r in finished:
                 if self.prefix_caching:
-                    self._cache_full_blocks(r, computed[r] // bs)
-                kv.free(r, self.full[r])
+                    self._cache_full_blocks(r, int(computed[r]) // bs)
+                kv.free(r, int(self.full[r]))
                 cap[r] = 0
                 self.keys.pop(r, None)
-            self.running = [r for r in self.running if r not in done]
+            if len(finished) < 8:   # a handful: removing them is cheaper than a new list
+                for r in finished:
+                    self.running.remove(r)
+            else:
+                self.running = [r for r in self.running if r not in done]
 
     def stats(self) -> dict:
         return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
@@ -416,13 +442,18 @@ class PagedKV(LLMPolicy):
     # --- helpers --------------------------------------------------------------------------------
 
     _swapped_out_now = 0
-    _made = (None, [], [], [], [])   # the last step schedule() made, with its columns as lists
+    _made = None   # the last step schedule() made
+    VECTOR_ROWS = 24
+    """From this many running rows a step's running part is worked out on arrays
+    (:meth:`_running_columns`); below it, row by row (cheaper for a handful of rows)."""
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.
 
-        Only the leading blocks keyed by the trace's hash ids are registered now. A block
-        keyed by its own request (every block of an Azure prompt, every generated block)
+        Only the leading blocks whose keys other requests may share are registered now
+        (:func:`~policies.llm_common.shareable_blocks`: a hash id another prompt has at the
+        same place). A block keyed by its own request (every block of an Azure prompt,
+        every generated block, a Mooncake block whose hash id no other request has there)
         can only be found again by that request, after it gives its blocks back on a
         preemption: :meth:`_preempt` registers those then (``full[r]`` says how many),
         and a request that finishes never does. Hits, evictions and block ids stay what
@@ -431,9 +462,9 @@ class PagedKV(LLMPolicy):
         """
         if num_full > self.full[r]:
             self.full[r] = num_full
-            keys = self.keys[r]
-            if keys.shared:
-                self.kv.cache_blocks(r, min(num_full, keys.shared), keys)
+            shared = int(self.shared[r])
+            if shared:
+                self.kv.cache_blocks(r, min(num_full, shared), self.keys[r])
 
     def _preempt(self, victim: int) -> None:
         self.preemptions += 1
@@ -505,10 +536,78 @@ class PagedKV(LLMPolicy):
             budget -= n
         return budget, moved
 
-    def _repeat_horizon(self, rows: list, ctx: list) -> int:
+    def _running_columns(self, budget: int):
+        """The running rows' part of a step, worked out on arrays: ``(rows, num_tokens,
+        context, emits, budget left)`` as the row-by-row loop of :meth:`_schedule_once`
+        gives them, its block allocations and cache registrations made; None, changing
+        nothing, when their new blocks do not all fit (the loop then preempts).
+
+        Each row asks for the rest of its known tokens (capped by the threshold), in
+        order while the budget lasts; only rows that cross a block boundary touch the block
+        manager, and only rows filling a block whose key other requests may share register it."""
+        p, bs, cap, full = self.p, self.block_size, self.cap, self.full
+        rows = np.array(self.running, dtype=np.int64)
+        c = p.computed[rows]
+        known = self.prompt_a[rows] + p.generated[rows]
+        n = known - c
+        if self.threshold:
+            np.minimum(n, self.threshold, out=n)
+        cs = np.cumsum(n)
+        if cs[-1] <= budget:
+            budget -= int(cs[-1])
+        else:   # rows start while budget is left; the last one gets what is left
+            before = cs - n
+            m = int(np.searchsorted(before, budget))
+            rows, c, known, n = rows[:m], c[:m], known[:m], n[:m]
+            n[m - 1] = budget - before[m - 1]
+            budget = 0
+        end = c + n
+        grow = np.flatnonzero(end > cap[rows])
+        register = due = None
+        if self.prefix_caching:
+            filled = np.minimum(end, known) // bs
+            due = (end // bs > c // bs) & (filled > full[rows])
+            if due.any():
+                shares = due & (self.shared[rows] > full[rows])
+                if shares.any():   # registrations interleave with allocations, row by row
+                    register = shares
+            else:
+                due = None
+        if register is not None:
+            if not self._allocate_in_order(rows, end, grow, np.flatnonzero(register), filled):
+                return None
+            due &= ~register   # _cache_full_blocks moved their count
+        elif grow.shape[0]:
+            if not self.kv.allocate_each(rows[grow].tolist(), end[grow].tolist()):
+                return None
+        if due is not None:
+            full[rows[due]] = filled[due]
+        if grow.shape[0]:
+            cap[rows[grow]] = -(-end[grow] // bs) * bs
+        return rows, n, c, end >= known, budget
+
+    def _allocate_in_order(self, rows, end, grow, register, filled) -> bool:
+        """:meth:`_running_columns`'s allocations and registrations one row at a time, in
+        row order, where some rows register shared keys; False, changing nothing, if the
+        allocations do not all fit."""
+        kv = self.kv
+        g_rows, g_end = rows[grow].tolist(), end[grow].tolist()
+        if not kv.fits_each(g_rows, g_end):
+            return False
+        grows = dict(zip(grow.tolist(), g_end))
+        regs = dict(zip(register.tolist(), filled[register].tolist()))
+        row_list = rows.tolist()
+        for i in sorted(grows.keys() | regs.keys()):
+            r = row_list[i]
+            if i in grows:
+                kv.allocate(r, grows[i])
+            if i in regs:
+                self._cache_full_blocks(r, regs[i])
+        return True
+
+    def _repeat_horizon(self, rows: np.ndarray, ctx: np.ndarray) -> int:
         """How many identical decode steps can run before a request finishes or blocks run out."""
-        output, generated = self.p.output, self.p.generated
-        most = min([output[r] - generated[r] for r in rows])
+        most = int((self.output_a[rows] - self.p.generated[rows]).min())
         if most <= 1:
             return 1
         bs, free = self.block_size, self.kv.num_free_blocks
@@ -531,22 +630,22 @@ class PagedKV(LLMPolicy):
                 hi = mid
         return lo
 
-    def _until_new_shared_keys(self, rows: list, ctx: list, horizon: int) -> int:
+    def _until_new_shared_keys(self, rows: np.ndarray, ctx: np.ndarray, horizon: int) -> int:
         """Cut a decode run before the step in which a row fills a block whose key other
         requests share: registering it there may give the waiting head enough prefix hits
         for its whole prompt to fit (whole-prompt admission counts hits), so that step must
         be decided anew. Without whole-prompt admission hits never change whether a first
         chunk fits (a hit saves as many blocks as it covers)."""
-        bs, full, keys = self.block_size, self.full, self.keys
-        for r, c in zip(rows, ctx):
-            if keys[r].shared > full[r]:
-                j = (-c) % bs or bs   # step (1-based) whose token fills a block
-                if j == 1:
-                    j += bs
-                horizon = min(horizon, j - 1)
+        sharing = self.shared[rows] > self.full[rows]
+        if sharing.any():
+            bs = self.block_size
+            j = (-ctx[sharing].astype(np.int64)) % bs   # step (1-based) whose token fills a block
+            j[j == 0] = bs
+            j[j == 1] += bs
+            horizon = min(horizon, int(j.min()) - 1)
         return max(horizon, 1)
 
-    def _replay_allocations(self, rows: list, ctx: list, repeats: int) -> None:
+    def _replay_allocations(self, rows: np.ndarray, ctx: np.ndarray, repeats: int) -> None:
         """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took.
 
         Row i's token in step j (0-based) opens a block when ``ctx[i] + j`` is a multiple of
@@ -557,8 +656,9 @@ class PagedKV(LLMPolicy):
         """
         bs = self.block_size
         rounds, rest = divmod(repeats - 1, bs)
-        first = [(-c) % bs or bs for c in ctx]
-        total = rounds * len(rows) + len([f for f in first if f <= rest])
+        first = (-ctx.astype(np.int64)) % bs
+        first[first == 0] = bs
+        total = rounds * rows.shape[0] + int(np.count_nonzero(first <= rest))
         if total:
-            cycle = [rows[i] for i in sorted(range(len(rows)), key=first.__getitem__)]
+            cycle = rows[np.argsort(first, kind="stable")].tolist()
             self.kv.allocate_round_robin(cycle, total)

@@ -4,7 +4,8 @@ A block keyed by its own request (no hash id covers it) can be hit only by that 
 after a preemption, so ``PagedKV._cache_full_blocks`` puts its registration off until the
 request gives its blocks back. Here a policy that registers every full block at once, as
 vLLM does, must schedule the same steps over the same block ids with the same hits,
-under heavy preemption (recompute and swap) and with shared hash-id prefixes.
+under heavy preemption (recompute and swap), with shared hash-id prefixes, and with
+hash ids only one request has (registered as lazily as its own keys).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from llm_helpers import LinearCost, llm_requests
 
 
 class EagerPagedKV(PagedKV):
+    VECTOR_ROWS = 1 << 30   # row by row: every row that fills a block registers it there
+
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         self.full[r] = max(self.full[r], num_full)
         self.kv.cache_blocks(r, num_full, self.keys[r])
@@ -69,11 +72,14 @@ def workload(seed: int, hashed: bool):
     if hashed:   # a few shared prefixes of 32-token hash blocks, some prompts partly covered
         families = [list(range(100 * f, 100 * f + 10)) for f in range(3)]
         ids = [families[int(rng.integers(3))][:int(rng.integers(0, -(-int(p) // 32) + 1))] for p in prompt]
+    if hashed == "tails":   # and the rest of each prompt under hash ids no other request has (Mooncake)
+        ids = [s + [1000 + 100 * i + j for j in range(len(s), -(-int(p) // 32))]
+               for i, (s, p) in enumerate(zip(ids, prompt))]
     return llm_requests(arrival, prompt, output, hash_ids=ids, hash_block_tokens=32)
 
 
 @pytest.mark.parametrize("compat", ["0.8", "current"])
-@pytest.mark.parametrize("hashed", [False, True])
+@pytest.mark.parametrize("hashed", [False, True, "tails"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("seed", range(4))
 def test_lazy_own_key_registration_changes_nothing(seed, mode, hashed, compat, monkeypatch):
