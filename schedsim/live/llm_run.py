@@ -6,14 +6,19 @@ Builds the policy exactly as ``schedsim run`` does for LLM policies
 replays the trace with :func:`schedsim.live.llm_driver.run_live_llm`, and writes what ``schedsim
 run`` writes for an LLM policy (requests.csv, steps.csv, summary.json, plots) plus
 live_steps.csv (per-step engine timings) and live.json (timing summaries, machine, failures).
+Under ``--speculative-config`` with a model method it opens the target's draft model
+(:func:`~schedsim.live.engines.llm_engine.draft_engine`) beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from schedsim.core.llm_metrics import summarize_llm
 from schedsim.core.policy import Requests
@@ -59,6 +64,9 @@ class LiveLLMSpec:
     cpu: str | None = None
     """Pin the process to this CPU (a number or ``"auto"``) before torch starts; None = not
     pinned (:func:`schedsim.profiling.host.pin_cpu`). An eager step is launch-bound: host speed."""
+    overlap: bool = False
+    """Form and pack each step while the one before runs, as async scheduling does
+    (:func:`~schedsim.live.llm_driver.run_live_llm`'s ``overlap``); False: one step after another."""
 
 
 def _check_model_matches(policy, name: str, cfg, params: dict) -> None:
@@ -76,11 +84,13 @@ def _check_model_matches(policy, name: str, cfg, params: dict) -> None:
                          f"({cfg.layers}, {cfg.kv_heads}, {cfg.head_dim}); use --model-spec {name}")
 
 
-def _check_fits(name: str, cfg, num_blocks: int, block_size: int, dtype_bytes: int, device: str) -> None:
+def _check_fits(name: str, cfgs: list, num_blocks: int, block_size: int, dtype_bytes: int, device: str) -> None:
+    """``cfgs``: the target's config, and the draft model's when speculative decoding runs one
+    (a pool of its own, as many blocks)."""
     from schedsim.live.engines.decoder import parameter_count  # lazy: imports torch (seconds), after CPU pinning
 
-    kv = num_blocks * block_size * 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * dtype_bytes
-    need = kv + parameter_count(cfg) * dtype_bytes
+    kv = sum(num_blocks * block_size * 2 * c.layers * c.kv_heads * c.head_dim * dtype_bytes for c in cfgs)
+    need = kv + sum(parameter_count(c) for c in cfgs) * dtype_bytes
     if device == "cuda":
         import torch  # lazy: torch costs seconds of start-up, and must load after CPU pinning
 
@@ -143,10 +153,12 @@ def execute_live_llm(spec: LiveLLMSpec):
     pinning = pin_cpu(spec.cpu)
     import torch  # lazy: torch costs seconds of start-up, and must load after CPU pinning
 
-    from schedsim.live.engines.decoder import CONFIGS  # lazy: imports torch (seconds), after CPU pinning
-    from schedsim.live.engines.llm_engine import PagedLLMEngine  # lazy: imports torch (seconds), after CPU pinning
+    from schedsim.live.engines.decoder import CONFIGS, DRAFT_MODELS  # lazy: imports torch (seconds), after CPU pinning
+    from schedsim.live.engines.llm_engine import PagedLLMEngine, draft_engine  # lazy: imports torch, after CPU pinning
+    from schedsim.live.speculative import MODEL_METHODS
 
     cfg = CONFIGS[name]
+    drafting = policy.speculative is not None and policy.speculative.method in MODEL_METHODS
     _check_model_matches(policy, name, cfg, params)
     device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -161,7 +173,8 @@ def execute_live_llm(spec: LiveLLMSpec):
     if precision not in dtypes:
         raise InputError(f"--precision: {precision!r} is not valid; expected bf16, fp16 or fp32")
     budget = policy.budget
-    _check_fits(name, cfg, budget.num_blocks, budget.block_size, torch.finfo(dtypes[precision]).bits // 8, device)
+    _check_fits(name, [cfg] + ([CONFIGS[DRAFT_MODELS[name]]] if drafting else []), budget.num_blocks,
+                budget.block_size, torch.finfo(dtypes[precision]).bits // 8, device)
     max_context = engine_context(requests, policy)
     out = Path(run.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -171,11 +184,15 @@ def execute_live_llm(spec: LiveLLMSpec):
     gpu_before = gpu_state() if device == "cuda" else None
     engine = PagedLLMEngine(name, budget.num_blocks, budget.block_size, device, dtypes[precision],
                             cuda_graphs=spec.cuda_graphs, seed=spec.seed, max_context=max_context)
+    draft = draft_engine(engine) if drafting else None
     try:
-        with engine:
+        with engine, (draft if draft is not None else contextlib.nullcontext()):
             result, extra = run_live_llm(requests, policy, engine, time_limit_s=spec.time_limit_s,
-                                         warmup_s=run.warmup_s, seed=spec.seed, spin_us=spin)
+                                         warmup_s=run.warmup_s, seed=spec.seed, spin_us=spin, draft=draft,
+                                         overlap=spec.overlap)
             describe = engine.describe()
+            if draft is not None:
+                describe["draft"] = {"model": f"builtin:{draft.name}"} | draft.describe()
     except torch.OutOfMemoryError as exc:
         raise InputError(f"--model builtin:{name}: out of memory with {budget.num_blocks:,} KV blocks "
                          f"({' '.join(str(exc).split())[:160]}); lower --num-gpu-blocks or --gpu-memory-gb") from None
@@ -185,14 +202,16 @@ def execute_live_llm(spec: LiveLLMSpec):
             "machine": machine_metadata(gpu_before, probe_torch=True) | {"cpu_pinning": pinning}}
     summary = summarize_llm(result, run.warmup_s, slo_ttft_ms=llm.slo_ttft_ms, slo_tpot_ms=llm.slo_tpot_ms,
                             slo_e2e_ms=llm.slo_e2e_ms)
-    stats = {k: v for k, v in result.stats.items() if isinstance(v, (int, float, str, dict))}
+    stats = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in result.stats.items()
+             if isinstance(v, (int, float, str, dict, np.integer, np.floating))}
     summary["config"] = policy_config(run, RunInputs(trace, requests, policy, params, 1)) | {
         "driver": "live", "backend": "torch-llm", "model": spec.model, "device": device,
         "precision": precision, "cuda_graphs": info["cuda_graphs"], "seed": spec.seed, "spin_us": spin,
         "threads": spec.threads if device == "cpu" else None,
         "time_limit_s": spec.time_limit_s, "slo_ttft_ms": llm.slo_ttft_ms, "slo_tpot_ms": llm.slo_tpot_ms,
-        "slo_e2e_ms": llm.slo_e2e_ms, "policy_stats": stats}
-    if policy.async_scheduling:   # the policy's switch prices steps in the simulator only
+        "slo_e2e_ms": llm.slo_e2e_ms, "overlap": spec.overlap,
+        "draft_model": f"builtin:{draft.name}" if draft is not None else None, "policy_stats": stats}
+    if policy.async_scheduling and not spec.overlap:   # the policy's switch prices steps in the simulator
         summary["warnings"] = summary.get("warnings", []) + [
             "async scheduling: this engine prepares each step after the one before has run (no "
             "overlap); to predict it, run both schedsim live and schedsim run with --no-async-scheduling"]
@@ -202,7 +221,8 @@ def execute_live_llm(spec: LiveLLMSpec):
     timing = {k: v for k, v in extra.items() if k not in ("steps", "tokens")}
     summary["live"] = {k: timing[k] for k in ("engine_gpu_ms", "engine_ms", "step_host_ms", "schedule_us",
                                               "delivery_delay_us", "swaps", "failed_steps", "engine_warmup_s",
-                                              "warmup_eager_s", "padding_null_writes")}
+                                              "warmup_eager_s", "padding_null_writes", "draft_ms", "draft_steps",
+                                              "overlap_ms")}
     written = []
     path = out / "live_steps.csv"
     write_live_steps_csv(path, extra["steps"])

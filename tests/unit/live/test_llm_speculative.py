@@ -153,3 +153,26 @@ def test_a_model_method_needs_a_draft_engine_and_the_context_covers_the_drafts(m
         assert d.name == "llama-tiny-draft" and d.num_blocks == eng.num_blocks and d.seed == eng.seed + 1
     plain = build_policy("paged-kv", {k: v for k, v in params.items() if k != "speculative_config"})
     assert engine_context(req, policy) == engine_context(req, plain) + 3
+
+
+@pytest.mark.parametrize("method,draft", [("draft_model", "builtin:llama-tiny-draft"), ("ngram", None)])
+def test_cli_live_runs_speculative_decoding(tmp_path, method, draft):
+    """``schedsim live --speculative-config``: the draft model beside the target (none for
+    ngram), every request complete, the policy's drafted and accepted counts in the summary."""
+    from cli_helpers import schedsim
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n"
+                     + "".join(f"{i * 0.02:.3f},{20 + 13 * (i % 9)},{3 + 2 * (i % 7)}\n" for i in range(20)))
+    config = json.dumps({"method": method, "num_speculative_tokens": 3, "acceptance_rate": 0.7})
+    proc = schedsim("live", trace, "--policy", "paged-kv", "--backend", "torch-llm", "--model", "builtin:llama-tiny",
+                    "--device", "cpu", "--num-gpu-blocks", "40", "--block-size", "16", "--max-num-seqs", "8",
+                    "--speculative-config", config, "--out", tmp_path / "live")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "live" / "summary.json").read_text())
+    assert summary["completed"] == 20 and summary["config"]["draft_model"] == draft
+    stats = summary["config"]["policy_stats"]
+    assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] > 0
+    assert (summary["live"]["draft_steps"] > 0) == (draft is not None)
+    live = json.loads((tmp_path / "live" / "live.json").read_text())
+    assert (live["engine"].get("draft", {}).get("model")) == draft
