@@ -137,6 +137,45 @@ def test_the_live_engine_runs_the_policy_decisions_the_simulator_makes(model, pa
         assert_greedy(model, req, extra["tokens"], r)
 
 
+@pytest.mark.parametrize("params", [
+    dict(scheduling_policy="priority"),                              # whole-prompt admission (current)
+    dict(scheduling_policy="priority", scheduler_reserve_full_isl=False),
+    dict(scheduler_reserve_full_isl=True, enable_prefix_caching=False),
+    dict(scheduling_policy="priority", enable_chunked_prefill=False, max_num_batched_tokens=None),
+])
+def test_live_and_simulated_steps_are_the_same_rows_tokens_and_contexts(model, params):
+    """Step compositions, row by row: the same policy object makes the same decisions live
+    as in the simulator (priority order and victims, whole-prompt admission, unchunked
+    prompts), given the same arrivals."""
+    from schedsim.core.llm_simulate import simulate_llm
+    from llm_helpers import LinearCost, OneStepAtATime, step_log
+
+    class Recorder(OneStepAtATime):
+        def __init__(self, policy):
+            super().__init__(policy)
+            self.log = []
+
+        def schedule(self, now_ns):
+            step = super().schedule(now_ns)
+            if len(step):
+                self.log.append(step_log(step) + [("preempted", step.preempted.tolist())])
+            return step
+
+    rng = np.random.default_rng(7)
+    n = 14
+    req = llm_requests(np.zeros(n), rng.integers(10, 90, n), rng.integers(3, 25, n), priority=rng.integers(0, 4, n))
+    params = dict(block_size=BS, num_gpu_blocks=24, max_num_seqs=8, max_num_batched_tokens=96, max_model_len=256) | params
+    params = {k: v for k, v in params.items() if v is not None}
+    live_policy = Recorder(build_policy("paged-kv", params))
+    with PagedLLMEngine("llama-tiny", 24, BS, "cpu", torch.float32, model=model, max_context=256) as eng:
+        result, _ = run_live_llm(req, live_policy, eng, start_delay_s=0.0)
+    sim_policy = Recorder(build_policy("paged-kv", params))
+    sim = simulate_llm(req, sim_policy, LinearCost())
+    assert (result.status == COMPLETED).all() and (sim.status == COMPLETED).all()
+    assert live_policy.log == sim_policy.log
+    assert sum(len(p) for *_, (_, p) in live_policy.log) > 0, "the small KV budget must preempt"
+
+
 def test_prefix_caching_shares_prompt_tokens_and_hits(model):
     # Two prompts of one shared 16-token hash block (hash_block_tokens=16), the second later.
     req = llm_requests([0.0, 0.0, 0.3], [40, 40, 40], [4, 4, 4], hash_ids=[[7, 8, 9], [7, 5, 6], [7, 8, 9]],
