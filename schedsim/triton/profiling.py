@@ -63,7 +63,7 @@ import math
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -107,6 +107,12 @@ class TritonProfileSpec:
     """At least this long of measurement per size (more executions than batches when those are quick)."""
     depth: int = 2
     """Batches in flight per size (depth x b clients)."""
+    arrivals: str = "closed"
+    """closed: the table's means from the closed loop (full batches back to back); open: from an
+    open-loop Poisson stream at ``open_load`` of each size's closed-loop throughput, requests
+    arriving while batches run as they do in a live run near capacity."""
+    open_load: float = 0.9
+    """arrivals=open: the stream's rate as a fraction of the size's closed-loop throughput."""
     protocol: str = "http"
     """http (the live client's aiohttp requests, binary output) or grpc (tritonclient threads)."""
     trace: bool = True
@@ -133,6 +139,10 @@ class TritonProfileSpec:
             raise InputError(f"--precision {self.precision}: the CPU engine computes in fp32")
         if self.precision not in (None, "fp16", "bf16", "fp32"):
             raise InputError(f"--precision: {self.precision!r} is not valid; expected fp16, bf16 or fp32")
+        if self.arrivals not in ARRIVALS:
+            raise InputError(f"--triton-arrivals: {self.arrivals!r} is not valid; expected closed or open")
+        if not (math.isfinite(self.open_load) and 0 < self.open_load <= 1):
+            raise InputError(f"--triton-open-load: {self.open_load} is not valid; expected a fraction in (0, 1]")
         if self.protocol not in PROTOCOLS:
             raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -183,6 +193,9 @@ class SizeResult:
     other_sizes: dict = field(default_factory=dict)
     """Executions of other sizes during the stretch (should be none)."""
     window_ns: tuple = (0, 0)
+    closed_compute_ms: dict | None = None
+    """arrivals=open: the closed loop's stage means, kept beside the open stretch's."""
+    open_rate_rps: float | None = None
 
     @property
     def mean_ms(self) -> float:
@@ -201,6 +214,7 @@ def model_name(b: int) -> str:
 
 
 ZERO_DELAY_MODEL = "profile_d0"
+ARRIVALS = ("closed", "open")
 _CLIENTS = {"http": "HTTP, the live client's aiohttp requests with binary output, one asyncio loop",
             "grpc": "gRPC, synchronous tritonclient calls from threads"}
 
@@ -359,10 +373,11 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
         drive_closed_loop(server, spec, name, threads, extra * b, rng)
         warm += extra
     before = settled_snapshot(server.url, name, warm * b)
-    if spec.trace:
+    traced = spec.trace and spec.arrivals == "closed"
+    if traced:
         set_model_trace(server.url, name, b)
     sent, done = drive_closed_loop(server, spec, name, threads, batches * b, rng)
-    if spec.trace:
+    if traced:
         set_model_trace(server.url, name, None)
     after = settled_snapshot(server.url, name, (warm + batches) * b)
     d = after.since(before, f"{server.url} statistics")
@@ -374,10 +389,57 @@ def _measure_size(server, spec: TritonProfileSpec, b: int, rng, raw: Path) -> Si
     executions = d.execution_count
     cycle_ms = (ends[-1] - ends[b - 1]) / 1e6 / max(executions - 1, 1)
     queue = d.requests.get("queue", (0, 0))
-    return SizeResult(b, n, {k: v / 1e6 for k, v in d.batch_mean_ns(b).items()}, float(cycle_ms),
-                      (done - sent) / 1e6, queue[1] / queue[0] / 1e3 if queue[0] else math.nan,
-                      other_sizes={s: d.executions(s) for s in d.batches if s != b and d.executions(s)},
-                      window_ns=(int(sent.min()), int(done.max())))
+    res = SizeResult(b, n, {k: v / 1e6 for k, v in d.batch_mean_ns(b).items()}, float(cycle_ms),
+                     (done - sent) / 1e6, queue[1] / queue[0] / 1e3 if queue[0] else math.nan,
+                     other_sizes={s: d.executions(s) for s in d.batches if s != b and d.executions(s)},
+                     window_ns=(int(sent.min()), int(done.max())))
+    return _measure_open(server, spec, res, rng, raw) if spec.arrivals == "open" else res
+
+
+def _measure_open(server, spec: TritonProfileSpec, closed: SizeResult, rng, raw: Path) -> SizeResult:
+    """Size ``b`` again under an open-loop Poisson stream at ``open_load`` of its closed-loop
+    throughput, from the live client (:func:`schedsim.triton.client.drive`): requests arrive
+    while batches run, as in a live run near capacity, where they arrive in bursts between
+    batches in the closed loop. The compute means (and, traced, the spread) come from this
+    stretch; the cycle, and so the dispatch overhead fit, stay the closed loop's."""
+    from schedsim.triton.client import drive
+    from schedsim.triton.stats import snapshot
+
+    b, name = closed.batch, model_name(closed.batch)
+    rate = spec.open_load * b / (closed.cycle_ms / 1e3)
+    n = closed.executions * b
+    arrival = np.cumsum(rng.exponential(1e9 / rate, n)).astype(np.int64)
+    processes = max(1, min(8, math.ceil(rate / 1000)))
+    warm = snapshot(server.url, name).inference_count + processes * b  # drive's warm-up: b requests a process
+    held: dict = {}
+
+    def before_start() -> None:
+        held["before"] = settled_snapshot(server.url, name, warm)
+        if spec.trace:
+            set_model_trace(server.url, name, b)
+
+    rec = drive(server.url, name, arrival, np.full(n, spec.seq_len, np.int64), processes=processes,
+                seed=int(rng.integers(2**31)), before_start=before_start, warmup=b)
+    if spec.trace:
+        set_model_trace(server.url, name, None)
+    ok = (rec.http_status == 200) & (rec.answered_ns >= 0)
+    if not ok.all() or "before" not in held:
+        first = next((e for e in rec.error if e), "; ".join(rec.failures) or "no answer")
+        raise InputError(f"{name}: the open-loop stream failed ({int((~ok).sum())} of {n} requests): {first[:240]}")
+    before = held["before"]
+    after = settled_snapshot(server.url, name, before.inference_count + n)
+    d = after.since(before, f"{server.url} statistics")
+    (raw / f"stats_{name}_open.json").write_text(json.dumps({"before": _plain(before), "after": _plain(after)}) + "\n")
+    executed = d.executions(b)
+    if executed == 0:
+        raise InputError(f"{name}: Triton executed no batch of {b} during the open-loop stretch")
+    queue = d.requests.get("queue", (0, 0))
+    return replace(closed, executions=executed, compute_ms={k: v / 1e6 for k, v in d.batch_mean_ns(b).items()},
+                   client_ms=(rec.answered_ns - rec.scheduled_ns) / 1e6,
+                   queue_us_per_request=queue[1] / queue[0] / 1e3 if queue[0] else math.nan,
+                   other_sizes={s: d.executions(s) for s in d.batches if s != b and d.executions(s)},
+                   window_ns=(int(rec.sent_ns.min()), int(rec.answered_ns.max())),
+                   closed_compute_ms=closed.compute_ms, open_rate_rps=rate)
 
 
 def drive_pair(server, spec: TritonProfileSpec, model: str, clients: int, requests: int, seed: int) -> None:
@@ -491,7 +553,9 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 res = _measure_size(server, spec, b, rng, raw)
                 results[b] = res
                 note(f"batch {b:>4}: {res.executions} executions, compute {res.mean_ms:.3f} ms, "
-                     f"cycle {res.cycle_ms:.3f} ms, client p50 {np.median(res.client_ms):.3f} ms")
+                     f"cycle {res.cycle_ms:.3f} ms, client p50 {np.median(res.client_ms):.3f} ms"
+                     + (f" (open loop at {res.open_rate_rps:,.0f} req/s; closed loop "
+                        f"{sum(res.closed_compute_ms.values()):.3f} ms)" if res.closed_compute_ms else ""))
             if spec.zero_delay_requests:
                 zero = _zero_delay(server, spec, rng, raw)
                 note(f"zero delay: queue {zero['queue_us_at_zero_delay']:.1f} us, request path "
@@ -535,6 +599,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
             row |= {k: res.mean_ms for k in ("latency_ms_p50", "latency_ms_p90", "latency_ms_p99")}
             row["latency_ms_std"] = 0.0
         row |= {f"{k}_ms_mean": v for k, v in res.compute_ms.items()}
+        if res.closed_compute_ms is not None:
+            row |= {"closed_loop_ms_mean": sum(res.closed_compute_ms.values()), "open_rate_rps": res.open_rate_rps}
         row |= {"cycle_ms": res.cycle_ms, "client_ms_p50": float(np.median(res.client_ms)),
                 "client_ms_p99": float(np.percentile(res.client_ms, 99)), "trace_samples": 0 if s is None else int(s.size)}
         rows.append(row)
@@ -585,7 +651,11 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                    f"full batches back to back, at least {spec.warmup_s:g} s of warm-up and {spec.min_time_s:g} s measured "
                    "per size; latency_ms_mean and n from the difference of Triton's batch_stats around the measured stretch "
                    "(compute_input + compute_infer + compute_output); spread from each traced execution's "
-                   "COMPUTE_START -> COMPUTE_END (one request in b traced)"),
+                   "COMPUTE_START -> COMPUTE_END (one request in b traced)"
+                   + ("" if spec.arrivals == "closed" else
+                      f"; then, per size, an open-loop Poisson stream at {spec.open_load:g} of its closed-loop "
+                      "throughput (the live client, requests arriving while batches run): latency_ms_mean, n, the "
+                      "stage means and the spread from that stretch, closed_loop_ms_mean the closed loop's")),
         "spread": ("per-batch samples from Triton's trace" if raw_samples else
                    "unknown: means only (percentiles = mean, std 0: the cost model takes each size's mean)"),
         "batches": spec.batches,
@@ -593,6 +663,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         "warmup_s": spec.warmup_s,
         "min_time_s": spec.min_time_s,
         "depth": spec.depth,
+        "arrivals": spec.arrivals,
+        **({"open_load": spec.open_load} if spec.arrivals == "open" else {}),
         "protocol": spec.protocol,
         "seed": spec.seed,
         "dispatch_overhead_us": round(a, 3),

@@ -99,7 +99,37 @@ def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
         TritonProfileSpec(min_time_s=-1).check()
     assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
                                    "--triton-protocol", "quic", "--out", out), "expected http or grpc")
+    assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
+                                   "--triton-arrivals", "burst", "--out", out), "expected closed or open")
+    with pytest.raises(InputError, match="--triton-open-load: 1.5"):
+        TritonProfileSpec(arrivals="open", open_load=1.5).check()
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_open_arrivals_time_each_size_under_a_poisson_stream_and_keep_the_closed_loop_beside_it(tmp_path):
+    _server_or_skip()
+    out = tmp_path / "open.csv"
+    proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,4",
+                    "--seq-lens", "16", "--triton-batches", "20", "--triton-warmup-batches", "4",
+                    "--triton-zero-delay-requests", "0", "--min-time-s", "0", "--warmup-ms", "0",
+                    "--triton-arrivals", "open", "--triton-open-load", "0.8", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    prof = load_profile(out)
+    meta, table = prof.meta, prof.table.astype({"closed_loop_ms_mean": float, "open_rate_rps": float,
+                                                "cycle_ms": float})
+    assert meta["arrivals"] == "open" and meta["open_load"] == 0.8 and "open-loop Poisson stream" in meta["timing"]
+    # The open stretch sent as many requests as the closed one: 20 batches of b, each full
+    # (a 1 s queue delay), counted by Triton beside the closed loop's own statistics.
+    assert table["n"].tolist() == [20, 20]
+    assert (table["closed_loop_ms_mean"] > 0).all() and (table["latency_ms_mean"] > 0).all()
+    # The stream ran at 0.8 of each size's closed-loop throughput (b per cycle).
+    assert table["open_rate_rps"].to_numpy() == pytest.approx(0.8 * table["batch"] / (table["cycle_ms"] / 1e3))
+    raw = out.parent / "open.triton"
+    for b in (1, 4):
+        opened = json.loads((raw / f"stats_profile_b{b}_open.json").read_text())
+        closed = json.loads((raw / f"stats_profile_b{b}.json").read_text())
+        assert opened["before"]["inference_count"] >= closed["after"]["inference_count"]
 
 
 @pytest.mark.slow
