@@ -13,13 +13,21 @@ windows of ``window_s`` by start time and each window gives its median.
   round's median, pooled over rounds: how far the speed moves during one run, on the
   ``window_s`` scale. A run spanning T seconds averages about T / window_s such windows, so
   the band scales this variance by ``window_s / T`` (see :func:`schedsim.run.bands.host_sigma`).
+- The timeline, from **means**: ``round_factors`` (each round's mean call time over
+  ``reference_ms``, the rounds' mean: the host as it was when the profile was measured)
+  and ``window_factors`` (per round, each window's mean call time over its round's mean,
+  in time order), with their spreads ``between_runs_cv_mean`` and ``within_run_cv_mean``. A queue feels the mean: a call descheduled for 20 ms holds every
+  request behind it, and slow spells come in runs of windows, which a median and a
+  variance shrunk by the window count both leave out. The band replays the measured window
+  sequences (:class:`schedsim.run.bands.HostTimeline`) when the record has them.
 
 The figures are ratios, so they apply to every service time of the table: the band runs
 each replication on the table times one log-normal factor. What one profiling process
 cannot see is how a different machine, or the same one on another day, differs: the
 rounds share one process and one boot. Records of several machines combine with
 :func:`combine` (their rounds' medians pooled), which is the between-machines figure.
-Medians, not means, so that one descheduled call does not move a window.
+The median figures are kept for what they say about the engine's own speed; the mean
+figures are what the band uses.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from schedsim.errors import InputError
 
 METHOD = ("one fixed call timed back to back in ROUNDS rounds of ROUND_S s with PAUSE_S s between; "
           "between_runs_cv = std/mean of the rounds' medians; within_run_cv = std of the "
-          "WINDOW_S-second window medians over their round's median, pooled over rounds")
+          "WINDOW_S-second window medians over their round's median, pooled over rounds; the timeline "
+          "(round_factors, window_factors and their *_cv_mean) the same with means")
 
 
 def measure(call: Callable[[], float | None], *, rounds: int = 5, round_s: float = 2.0, window_s: float = 0.25,
@@ -65,14 +74,19 @@ def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, 
               pause_s: float | None = None, what: str = "") -> dict:
     """The record from each round's (start offsets s, durations s) arrays."""
     medians, ratios, windows = [], [], 0
+    means, mean_windows = [], []
     for starts, durations in samples:
         if durations.size == 0:
             continue
         m = float(np.median(durations))
         medians.append(m)
+        mu = float(durations.mean())
+        means.append(mu)
         idx = np.floor(starts / window_s).astype(np.int64)
+        mean_windows.append([])
         for w in np.unique(idx):
             ratios.append(float(np.median(durations[idx == w])) / m)
+            mean_windows[-1].append(float(durations[idx == w].mean()) / mu)
             windows += 1
     if len(medians) < 2:
         raise InputError("host variation: fewer than two rounds timed a call; nothing to compare")
@@ -86,6 +100,12 @@ def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, 
         "calls": int(sum(d.size for _, d in samples)),
         "round_medians_ms": [round(v * 1e3, 6) for v in medians],
         "window_ratio_range": [float(min(ratios)), float(max(ratios))],
+        "between_runs_cv_mean": float(np.std(means, ddof=1) / np.mean(means)),
+        "within_run_cv_mean": float(np.std([v for r in mean_windows for v in r], ddof=1)) if windows > 1 else 0.0,
+        "round_means_ms": [round(v * 1e3, 6) for v in means],
+        "reference_ms": round(float(np.mean(means)) * 1e3, 6),
+        "round_factors": [round(v / float(np.mean(means)), 5) for v in means],
+        "window_factors": [[round(v, 5) for v in r] for r in mean_windows],
         "scope": "one profiling process: rounds on the same machine and boot",
         "method": METHOD.replace("ROUNDS", str(len(medians))).replace("ROUND_S", f"{round_s:g}" if round_s else "?")
                         .replace("PAUSE_S", f"{pause_s:g}" if pause_s is not None else "?")
@@ -100,7 +120,10 @@ def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, 
 
 def combine(records: list[dict]) -> dict:
     """One record from several of the same call (other machines, other days): between-runs
-    from all their rounds' medians together; within-run the root mean square."""
+    from all their rounds' medians together; within-run the root mean square. The
+    timeline pools every record's rounds, each round's factor over the **first** record's
+    ``reference_ms``: put the profile's own record first, so that the band is relative to
+    the host the table was measured on."""
     if not records:
         raise InputError("host variation: no records to combine")
     med = np.asarray([m for rec in records for m in rec["round_medians_ms"]], dtype=float)
@@ -109,9 +132,18 @@ def combine(records: list[dict]) -> dict:
         raise InputError(f"host variation: records measured with different window_s ({windows}); "
                          "combine records of one window length")
     within = math.sqrt(float(np.mean([r["within_run_cv"] ** 2 for r in records])))
-    return {"between_runs_cv": float(med.std(ddof=1) / med.mean()), "within_run_cv": within, "window_s": windows[0],
-            "rounds": int(med.size), "windows": int(sum(r.get("windows", 0) for r in records)),
-            "round_medians_ms": [m for r in records for m in r["round_medians_ms"]],
-            "scope": f"{len(records)} records combined (machines or sessions)",
-            "method": "combine(): between_runs_cv = std/mean of every record's round medians together; "
-                      "within_run_cv = root mean square of the records'"}
+    out = {"between_runs_cv": float(med.std(ddof=1) / med.mean()), "within_run_cv": within, "window_s": windows[0],
+           "rounds": int(med.size), "windows": int(sum(r.get("windows", 0) for r in records)),
+           "round_medians_ms": [m for r in records for m in r["round_medians_ms"]],
+           "scope": f"{len(records)} records combined (machines or sessions)",
+           "method": "combine(): between_runs_cv = std/mean of every record's round medians together; "
+                     "within_run_cv = root mean square of the records'; the timeline's rounds pooled"}
+    if all("round_means_ms" in r and "window_factors" in r for r in records):
+        means = np.asarray([m for r in records for m in r["round_means_ms"]], dtype=float)
+        factors = [w for r in records for w in r["window_factors"]]
+        reference = float(records[0].get("reference_ms") or np.mean(records[0]["round_means_ms"]))
+        out |= {"between_runs_cv_mean": float(means.std(ddof=1) / means.mean()),
+                "within_run_cv_mean": float(np.std([v for w in factors for v in w], ddof=1)),
+                "round_means_ms": means.tolist(), "reference_ms": reference,
+                "round_factors": (means / reference).round(5).tolist(), "window_factors": factors}
+    return out

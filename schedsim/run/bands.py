@@ -8,10 +8,14 @@ across the replications:
 - service times: a fresh seed for every replication, so each batch draws its time from
   the profile's measured spread (its raw samples, or the table's fitted percentiles);
 - the host's speed, when the profile's sidecar carries a ``host_variation`` record
-  (:mod:`schedsim.profiling.host_variation`): each replication runs on a cost table
-  scaled by one factor, log-normal with median 1, whose variance is the record's
-  between-runs variance plus its within-run (window) variance shrunk by how many windows
-  the trace spans (a slow spell shorter than the trace is partly averaged out);
+  (:mod:`schedsim.profiling.host_variation`). With the record's timeline (request level),
+  each replication replays a stretch of the measured speeds window by window
+  (:class:`HostTimeline`: the trace is simulated on host time and read back on the wall
+  clock), so a slow spell lasting seconds builds the queue it builds live, and a host
+  slower than when the table was measured runs slower. Without a timeline (older
+  records, the LLM band), each replication runs on the table times one log-normal
+  factor, median 1, whose variance is the record's between-runs variance plus its
+  within-run variance shrunk by how many windows the trace spans;
 - arrivals, only when asked (``arrivals="resample"``): the trace's inter-arrival gaps
   drawn with replacement (a renewal bootstrap), the other columns kept row by row. A live
   replay of a trace file keeps its arrivals, so the default ("fixed") does not redraw them.
@@ -124,12 +128,16 @@ def band_edges(values, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def host_sigma(meta: dict, duration_s: float) -> float:
+def host_sigma(meta: dict, duration_s: float, *, timeline: bool = False) -> float:
     """Log-standard deviation of one run's host-speed factor from a sidecar's ``host_variation``
     (0 when absent): between-runs variance plus within-run window variance times
-    ``min(1, window_s / duration_s)``."""
+    ``min(1, window_s / duration_s)``. With ``timeline`` and a record that has one
+    (:class:`HostTimeline`), 0: the replications then replay the measured speeds, their
+    level from round to round and their movement within a round, instead of one factor."""
     rec = meta.get("host_variation") if isinstance(meta, dict) else None
     if not isinstance(rec, dict):
+        return 0.0
+    if timeline and HostTimeline.from_meta(meta) is not None:
         return 0.0
     between = float(rec.get("between_runs_cv", 0.0) or 0.0)
     within = float(rec.get("within_run_cv", 0.0) or 0.0)
@@ -137,6 +145,98 @@ def host_sigma(meta: dict, duration_s: float) -> float:
     share = 1.0 if duration_s <= 0 or window <= 0 else min(1.0, window / duration_s)
     var = math.log1p(between ** 2) + math.log1p(within ** 2) * share
     return math.sqrt(var) if var > 0 else 0.0
+
+
+_HOST_STREAM = 0x686F7374  # "host": a replication's host timeline, drawn from its seed
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """One replication's host speed through the run: how many times slower than its run's
+    factor the host is in each window of ``window_s`` from ``start_ns``."""
+
+    start_ns: int
+    window_s: float
+    slowdown: np.ndarray
+    """One per window, in time order; beyond the last the host runs at the run's factor."""
+
+    def _knots(self) -> tuple[np.ndarray, np.ndarray]:
+        # Wall time t and host time tau (the time the table prices: a batch of table time x
+        # takes x of tau), piecewise linear: tau advances by window_s / slowdown per window.
+        w = self.window_s * 1e9
+        t = self.start_ns + w * np.arange(self.slowdown.size + 1)
+        tau = self.start_ns + np.concatenate([[0.0], np.cumsum(w / self.slowdown)])
+        far = 1e18   # past the last window, one to one
+        return np.concatenate([[-far], t, [t[-1] + far]]), np.concatenate([[-far], tau, [tau[-1] + far]])
+
+    def to_host(self, wall_ns: np.ndarray) -> np.ndarray:
+        """Wall times (ns, int) as host times."""
+        t, tau = self._knots()
+        return np.rint(np.interp(np.asarray(wall_ns, dtype=np.float64), t, tau)).astype(np.int64)
+
+    def to_wall(self, host_ns: np.ndarray) -> np.ndarray:
+        """Host times (ns, int) back as wall times; negative entries (not run) are kept."""
+        t, tau = self._knots()
+        x = np.asarray(host_ns)
+        out = np.rint(np.interp(x.astype(np.float64), tau, t)).astype(np.int64)
+        return np.where(x < 0, x, out)
+
+
+class HostTimeline:
+    """The host's measured speed, replayed in the band: a record's rounds, each a sequence
+    of windows whose slowdown is the window's mean call time over the record's reference
+    (``window_factors`` times ``round_factors``: for the profile's own record, the host
+    as it was when the table was measured).
+
+    A replication's path is a block bootstrap of the measured rounds: it starts at a random
+    window of a random round and runs on through the rounds that followed it in the record
+    (wrapping at the end), so the run's level, its slow spells, their length and their
+    order are all as measured (windows drawn one by one would average a spell away over a
+    long trace; one factor per run would miss the spell's queue)."""
+
+    def __init__(self, window_s: float, rounds: list[np.ndarray]):
+        self.window_s = float(window_s)
+        self.rounds = [r for r in rounds if r.size]
+        self.windows = int(sum(r.size for r in self.rounds))
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "HostTimeline | None":
+        """The timeline of a sidecar's ``host_variation`` record; None without one."""
+        rec = meta.get("host_variation") if isinstance(meta, dict) else None
+        if not isinstance(rec, dict) or not rec.get("window_factors") or not rec.get("window_s"):
+            return None
+        rounds = [np.asarray(r, dtype=np.float64) for r in rec["window_factors"]]
+        levels = rec.get("round_factors") or [1.0] * len(rounds)
+        if len(levels) != len(rounds) or not all(isinstance(v, (int, float)) and v > 0 for v in levels):
+            raise InputError("host_variation.round_factors: expected one positive number per round of window_factors")
+        if not any(r.size for r in rounds) or not all(np.isfinite(r).all() and (r > 0).all() for r in rounds):
+            raise InputError("host_variation.window_factors: expected lists of positive numbers, one per round")
+        return cls(float(rec["window_s"]), [r * float(v) for r, v in zip(rounds, levels)])
+
+    def draw(self, rng: np.random.Generator, start_ns: int, span_s: float) -> HostPath:
+        """A path covering ``span_s`` seconds from ``start_ns`` (and as long again, for the queue to drain)."""
+        need = max(1, math.ceil(2.0 * span_s / self.window_s) + 1)
+        k = int(rng.integers(len(self.rounds)))
+        first = self.rounds[k]
+        parts = [first[int(rng.integers(first.size)):]]
+        have = parts[0].size
+        while have < need:
+            k = (k + 1) % len(self.rounds)
+            parts.append(self.rounds[k])
+            have += self.rounds[k].size
+        return HostPath(int(start_ns), self.window_s, np.concatenate(parts)[:need])
+
+    def describe(self) -> str:
+        return (f"the host's measured speed ({self.window_s:g} s windows: runs of the {len(self.rounds)} measured "
+                f"rounds from a random window, {self.windows} windows)")
+
+
+def on_host_path(result, requests, path: HostPath):
+    """``result``, simulated on ``path``'s host times, with its times back on the wall clock
+    and ``requests`` (the wall-clock arrivals) as its requests."""
+    return dataclasses.replace(result, requests=requests, start_ns=path.to_wall(result.start_ns),
+                               end_ns=path.to_wall(result.end_ns), batch_start_ns=path.to_wall(result.batch_start_ns),
+                               batch_end_ns=path.to_wall(result.batch_end_ns))
 
 
 def scale_profile(profile, factor: float):
@@ -187,7 +287,8 @@ def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random
     returning a summary (``draws`` says what a fresh seed redraws; None: nothing, and when
     nothing else is redrawn either the band is ``point``, the run at ``seed``, without
     replaying), and give ``{key}_lo`` / ``{key}_hi`` for every ``key`` of ``keys``
-    the summaries have, plus a ``band`` record saying how it was made."""
+    the summaries have, plus a ``band`` record saying how it was made. ``one`` may declare
+    ``sources``, a list of what else it redraws from its seed (the host's timeline)."""
     rng = np.random.default_rng([seed, _STREAM])
     n = plan.replications
     seeds = rng.integers(0, 2**31 - 1, size=n)
@@ -207,6 +308,7 @@ def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random
     sources = [draws] if draws else []
     if sigma > 0:
         sources.append(f"host speed (profile's host_variation: log-sd {sigma:.4f} per run)")
+    sources += list(getattr(one, "sources", ()))
     if plan.arrivals == "resample":
         sources.append("arrivals (the trace's gaps resampled with replacement)")
     if not sources:
@@ -256,18 +358,32 @@ def request_level_one(spec, inputs, cost, contention: dict | None = None):
     from schedsim.core.simulate import simulate
     from schedsim.planning.fleet import simulate_spec_fleet
 
+    timeline = HostTimeline.from_meta(cost.profile.meta)
+
     def one(seed: int, factor: float, arrivals_rng) -> dict:
         run_inputs = inputs
         if arrivals_rng is not None:
             trace = resample_arrivals(inputs.trace, arrivals_rng)
             run_inputs = dataclasses.replace(inputs, trace=trace, requests=Requests.from_trace(trace))
+        path = None
+        if timeline is not None:
+            # The run on the host's measured within-run movement: simulated on host time (the
+            # arrivals moved onto it), then read back on the wall clock.
+            wall = run_inputs.requests
+            path = timeline.draw(np.random.default_rng([seed, _HOST_STREAM]), int(wall.arrival_ns[0]) if len(wall) else 0,
+                                 trace_duration_s(run_inputs.trace))
+            moved = dataclasses.replace(run_inputs.trace, arrival_s=path.to_host(wall.arrival_ns) / 1e9)
+            run_inputs = dataclasses.replace(run_inputs, trace=moved, requests=Requests.from_trace(moved))
         c = cost if factor == 1.0 else scaled_cost(cost, factor, contention)
         if spec.replicas > 1:
             result = simulate_spec_fleet(spec, run_inputs, c, seed=seed)
         else:
             result = simulate(run_inputs.requests, run_inputs.policy, c, instances=run_inputs.instances, seed=seed)
+        if path is not None:
+            result = on_host_path(result, wall, path)
         return summarize(result, spec.warmup_s)
 
+    one.sources = [timeline.describe()] if timeline is not None else []
     return one
 
 

@@ -158,7 +158,7 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
     if band_plan is not None:
         phase("prediction band")
         summary |= compute_band(band_plan, spec.seed, request_level_one(spec, inputs, cost, contention), REQUEST_KEYS,
-                                sigma=host_sigma(cost.profile.meta, trace_duration_s(trace)))
+                                sigma=host_sigma(cost.profile.meta, trace_duration_s(trace), timeline=True))
     grid_model = pair_grid_model(cost) if instances > 1 else None
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,

@@ -33,6 +33,29 @@ def test_between_and_within_from_known_speeds():
     assert medians.size == 3 and "method" in rec and "scope" in rec
 
 
+def test_the_timeline_counts_stalls_that_medians_leave_out():
+    """One round with a 40 ms stall in its second window: the medians do not see it, the
+    timeline's window and round factors do (a queue waits for the whole stall)."""
+    rounds = []
+    for stall in (False, True, False):
+        starts = np.arange(0, 1.0, 0.001)
+        durations = np.full(starts.size, 1e-3)
+        if stall:
+            durations[300] = 40e-3
+        rounds.append((starts, durations))
+    rec = summarise(rounds, 0.25)
+    assert rec["between_runs_cv"] == 0 and rec["within_run_cv"] == 0
+    assert [len(w) for w in rec["window_factors"]] == [4, 4, 4]
+    stalled = np.asarray(rec["window_factors"][1])
+    # Round mean (999 x 1 + 40) / 1000 = 1.039 ms; the stalled window (249 x 1 + 40) / 250 = 1.156 ms.
+    assert stalled[1] == pytest.approx(1.156 / 1.039, rel=1e-4)
+    assert stalled[[0, 2, 3]] == pytest.approx(1 / 1.039, rel=1e-4)
+    assert rec["round_factors"][1] > 1.0 > rec["round_factors"][0]
+    assert rec["round_means_ms"][1] == pytest.approx(1.039, rel=1e-6)
+    assert rec["reference_ms"] == pytest.approx((1 + 1.039 + 1) / 3, rel=1e-6)
+    assert rec["between_runs_cv_mean"] > 0.01 and rec["within_run_cv_mean"] > 0.01
+
+
 def test_measure_times_each_call_with_the_given_clock():
     t = {"now": 0.0}
     speeds = iter([1e-3] * 100000)
@@ -61,6 +84,15 @@ def test_bad_settings_and_combining():
     assert both["within_run_cv"] == pytest.approx(np.sqrt((0.03**2 + 0.04**2) / 2))
     with pytest.raises(InputError, match="window_s"):
         combine([a, dict(b, window_s=1.0)])
+    assert "window_factors" not in both   # records without a timeline combine without one
+    ta = a | {"round_means_ms": [1.0, 1.1], "window_factors": [[1.0, 1.0], [0.9, 1.1]]}
+    tb = b | {"round_means_ms": [1.3], "window_factors": [[1.2, 0.8]]}
+    pooled = combine([ta, tb])
+    assert pooled["window_factors"] == [[1.0, 1.0], [0.9, 1.1], [1.2, 0.8]]
+    assert pooled["between_runs_cv_mean"] == pytest.approx(np.std([1.0, 1.1, 1.3], ddof=1) / np.mean([1.0, 1.1, 1.3]))
+    # Relative to the first record's host (the profile's own): its rounds' mean, 1.05 ms.
+    assert pooled["reference_ms"] == pytest.approx(1.05)
+    assert pooled["round_factors"] == pytest.approx(np.array([1.0, 1.1, 1.3]) / 1.05, abs=1e-5)
 
 
 def test_a_host_variation_record_widens_the_runs_band(tmp_path):
@@ -91,6 +123,7 @@ def test_profile_records_host_variation_on_a_cpu_engine(tmp_path):
     rec = json.loads(out.with_suffix(".json").read_text())["host_variation"]
     assert rec["rounds"] == 5 and rec["calls"] > 5 and rec["between_runs_cv"] >= 0 and rec["within_run_cv"] >= 0
     assert rec["window_s"] == pytest.approx(0.05) and "batch of 1" in rec["call"]
+    assert len(rec["window_factors"]) == 5 and len(rec["round_factors"]) == 5 and rec["within_run_cv_mean"] >= 0
     bad = schedsim("profile", "--backend", "onnxruntime", "--model", "builtin:bert-tiny", "--host-variation-s", "-1",
                    "--out", tmp_path / "q.csv")
     assert bad.returncode == 2 and "--host-variation-s" in bad.stderr

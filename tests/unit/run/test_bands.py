@@ -3,7 +3,9 @@ independent runs, how their width follows trace length, and the point estimate t
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from schedsim.errors import InputError
 from schedsim.registry import build_policy
 from schedsim.run import bands
 from schedsim.run.runner import execute
-from schedsim.run.spec import RunSpec
+from schedsim.run.spec import RunInputs, RunSpec
 from schedsim.traces.generate import generate
 from schedsim.traces.io import save_trace
 
@@ -147,6 +149,87 @@ def test_host_variation_widens_the_band():
     hosty = bands.compute_band(plan, 1, one, ("p99_ms",), sigma=0.1)
     assert hosty["p99_ms_hi"] - hosty["p99_ms_lo"] > 1.5 * (plain["p99_ms_hi"] - plain["p99_ms_lo"])
     assert "host speed" in " ".join(hosty["band"]["sources"])
+
+
+_ROUNDS = [[1.0, 1.0, 0.9, 1.6, 1.7, 1.0, 0.8, 0.9], [0.9, 1.0, 1.0, 1.0, 1.1, 0.9, 1.0, 1.0],
+           [1.5, 1.6, 1.4, 0.9, 0.8, 0.9, 1.0, 0.9], [1.0, 0.9, 1.0, 1.1, 1.0, 0.9, 1.0, 1.1],
+           [0.8, 0.9, 0.9, 1.0, 1.0, 1.9, 1.2, 0.9]]
+"""Window factors with slow spells of 2-3 windows, as a shared CPU host shows them."""
+TIMELINE = {"between_runs_cv": 0.02, "within_run_cv": 0.05, "window_s": 0.05, "window_factors": _ROUNDS,
+            "round_factors": [1.0, 0.9, 1.1, 1.2, 0.8]}
+
+
+def _timeline_cost(record=TIMELINE, cost=COST):
+    return CostModel.from_profile(dataclasses.replace(cost.profile, meta=cost.profile.meta | {"host_variation": record}))
+
+
+def test_a_host_path_runs_the_trace_on_host_time():
+    """On a host twice as slow throughout, a wake-free run at light load takes twice as long
+    per request; times map back exactly."""
+    plain = CostModel.from_profile(COST.profile, wake_overhead_s=0.0)
+    trace = _poisson(2000, 0.02 / SERVICE_1_S, seed=1)
+    req = Requests.from_trace(trace)
+    path = bands.HostPath(int(req.arrival_ns[0]), 0.25, np.full(4 * 200, 2.0))
+    moved = dataclasses.replace(trace, arrival_s=path.to_host(req.arrival_ns) / 1e9)
+    slow = bands.on_host_path(simulate(Requests.from_trace(moved), build_policy("none", {}), plain, seed=3), req, path)
+    base = simulate(req, build_policy("none", {}), plain, seed=3)
+    assert slow.requests is req
+    # Request by request, except the few that now queue behind a (twice as long) batch.
+    twice = np.isclose(slow.end_ns - req.arrival_ns, 2 * (base.end_ns - req.arrival_ns), rtol=1e-4, atol=0)
+    assert twice.mean() > 0.95
+    t = np.array([0, 10**8, 3 * 10**8 + 7, 10**12])
+    assert np.abs(path.to_wall(path.to_host(t)) - t).max() <= 2   # ns: each way rounds to the ns
+    assert path.to_wall(np.array([-1]))[0] == -1
+
+
+def test_timeline_from_the_record_and_its_paths():
+    assert bands.HostTimeline.from_meta({}) is None
+    assert bands.HostTimeline.from_meta({"host_variation": {"between_runs_cv": 0.1}}) is None
+    timeline = bands.HostTimeline.from_meta({"host_variation": TIMELINE})
+    assert timeline.windows == 40 and "5 measured rounds" in timeline.describe()
+    a = timeline.draw(np.random.default_rng(4), 0, 3.0)
+    b = timeline.draw(np.random.default_rng(4), 0, 3.0)
+    assert np.array_equal(a.slowdown, b.slowdown) and a.slowdown.size == 2 * 3.0 / 0.05 + 1
+    # From a random window on: the rounds in their measured order, each at its level.
+    levels = [np.asarray(r) * f for r, f in zip(_ROUNDS, TIMELINE["round_factors"])]
+    whole = np.concatenate(levels * 4)
+    assert any(np.allclose(whole[k:k + a.slowdown.size], a.slowdown) for k in range(40))
+    with pytest.raises(InputError, match="window_factors"):
+        bands.HostTimeline.from_meta({"host_variation": TIMELINE | {"window_factors": [[1.0, -1.0]]} |
+                                      {"round_factors": [1.0]}})
+    with pytest.raises(InputError, match="round_factors"):
+        bands.HostTimeline.from_meta({"host_variation": TIMELINE | {"round_factors": [1.0]}})
+    assert bands.host_sigma({"host_variation": TIMELINE}, 1.0, timeline=True) == 0.0
+    assert bands.host_sigma({"host_variation": TIMELINE}, 1.0) == \
+        pytest.approx(math.sqrt(math.log1p(0.02**2) + math.log1p(0.05**2) * 0.05))   # without: as before
+
+
+def test_band_on_a_host_timeline_covers_the_simulators_own_runs_90_percent_of_the_time():
+    """The band with the host's timeline against simulated "live" runs of the same model:
+    service times and the host's path (its level and its slow spells) drawn with seeds the
+    band never uses. At 70% load the slow spells build queues, so p99 moves by tens of percent
+    from run to run; the band still covers 85-95% of the runs."""
+    cost = _timeline_cost()
+    trace = _poisson(400, 0.7 / SERVICE_1_S, seed=5)
+    spec = RunSpec(trace=Path("unused.csv"), policy="dynamic")
+    inputs = RunInputs(trace, Requests.from_trace(trace), build_policy("dynamic", {}), {}, 1)
+    one = bands.request_level_one(spec, inputs, cost)
+    assert bands.host_sigma(cost.profile.meta, bands.trace_duration_s(trace), timeline=True) == 0
+    plan = bands.BandPlan(0.9, 19)
+    keys = ("p50_ms", "p99_ms", "mean_ms")
+    inside = {k: [] for k in keys}
+    spread = []
+    for b in range(40):   # many bands, few runs each: each band's own coverage varies (sd 0.065)
+        band = bands.compute_band(plan, 30_000 + b, one, keys)
+        for live_seed in range(10):
+            live = one(2_000_000 + 100 * b + live_seed, 1.0, None)
+            spread.append(live["p99_ms"])
+            for k in keys:
+                inside[k].append(band[f"{k}_lo"] <= live[k] <= band[f"{k}_hi"])
+    assert any("measured rounds" in x for x in band["band"]["sources"])
+    assert np.std(spread) / np.mean(spread) > 0.1
+    for k in keys:
+        assert 0.85 <= np.mean(inside[k]) <= 0.95, (k, np.mean(inside[k]))
 
 
 def test_resampled_arrivals_keep_length_first_arrival_and_gaps():
