@@ -133,7 +133,8 @@ def profile(
             batches=triton_batches, warmup_batches=triton_warmup_batches, depth=triton_depth, trace=triton_trace,
             zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed,
             wake_requests=triton_wake_requests, warmup_s=warmup_ms / 1e3, min_time_s=min_time_s,
-            arrivals=triton_arrivals, open_load=triton_open_load, pair_sizes=int_list(pair_batches, "--pair-batches"))
+            arrivals=triton_arrivals, open_load=triton_open_load, host_variation_s=host_variation_s,
+            pair_sizes=int_list(pair_batches, "--pair-batches"))
         outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
         for w in outcome.warnings:
             _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)

@@ -113,6 +113,9 @@ class TritonProfileSpec:
     arriving while batches run as they do in a live run near capacity."""
     open_load: float = 0.9
     """arrivals=open: the stream's rate as a fraction of the size's closed-loop throughput."""
+    host_variation_s: float = 0.0
+    """Seconds per round of the host-variation record (5 rounds of lone requests through the
+    server, :mod:`schedsim.profiling.host_variation`); 0 skips it."""
     protocol: str = "http"
     """http (the live client's aiohttp requests, binary output) or grpc (tritonclient threads)."""
     trace: bool = True
@@ -143,6 +146,8 @@ class TritonProfileSpec:
             raise InputError(f"--triton-arrivals: {self.arrivals!r} is not valid; expected closed or open")
         if not (math.isfinite(self.open_load) and 0 < self.open_load <= 1):
             raise InputError(f"--triton-open-load: {self.open_load} is not valid; expected a fraction in (0, 1]")
+        if not (math.isfinite(self.host_variation_s) and self.host_variation_s >= 0):
+            raise InputError(f"--host-variation-s {self.host_variation_s}: must be >= 0")
         if self.protocol not in PROTOCOLS:
             raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -245,7 +250,7 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
         cfg = model_config(twin_name(b), policy="dynamic", kind=kind, hidden=hidden, parameters=params,
                            params={"max_batch_size": b, "max_queue_delay_us": QUEUE_DELAY_US})
         write_repository(repo, twin_name(b), cfg)
-    if spec.zero_delay_requests:
+    if spec.zero_delay_requests or spec.host_variation_s:
         cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params,
                            params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
         write_repository(repo, ZERO_DELAY_MODEL, cfg)
@@ -477,6 +482,36 @@ def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
     }
 
 
+def _host_variation(server, spec: TritonProfileSpec, rng) -> dict:
+    """How the host's speed moves between and within runs, through the server: lone
+    single-sample requests on the zero-delay model, one at a time over one kept-alive HTTP
+    connection, each timed by the client (the frontend, the batcher and the model: what
+    every request of a live run passes through), 5 rounds of ``spec.host_variation_s``."""
+    import http.client
+
+    from schedsim.profiling.host_variation import measure
+    from schedsim.triton.client import _body_parts
+
+    prefix, suffix = _body_parts(spec.seq_len, 30522, rng)
+    body = prefix + b"host-variation" + suffix
+    host, port = server.url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+
+    def call() -> None:
+        conn.request("POST", f"/v2/models/{ZERO_DELAY_MODEL}/infer", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise InputError(f"host variation: Triton answered {ZERO_DELAY_MODEL} with HTTP {answer.status}")
+
+    try:
+        return measure(call, rounds=5, round_s=spec.host_variation_s, window_s=min(0.25, spec.host_variation_s / 4),
+                       pause_s=min(0.5, spec.host_variation_s / 4),
+                       what=f"one request of seq_len {spec.seq_len} through the server (HTTP, client time)")
+    finally:
+        conn.close()
+
+
 def _trace_samples(trace_path: Path, results: dict) -> tuple[dict, list]:
     """batch -> per-execution ms from the trace, inside each size's measured window."""
     from schedsim.triton.trace_import import read_triton_trace
@@ -539,7 +574,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
     rng = np.random.default_rng(spec.seed)
     results: dict = {}
     zero: dict | None = None
-    gaps = pairs = None
+    gaps = pairs = host = None
     warnings: list = []
     error: BaseException | None = None
     server = TritonServer(repo, raw / "tritonserver.log", find_tritonserver(), args=args, env=env,
@@ -571,6 +606,9 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 wake_profile.send_gapped(server.url, server.grpc_url, spec.protocol, ZERO_DELAY_MODEL, spec.seq_len,
                                          gaps, seed=int(rng.integers(2**31)))
                 set_model_trace(server.url, ZERO_DELAY_MODEL, None)
+            if spec.host_variation_s:
+                note(f"host variation: 5 rounds of {spec.host_variation_s:g} s of lone requests through the server")
+                host = _host_variation(server, spec, rng)
             if spec.pairs():
                 note(f"pair grid over sizes {list(spec.pairs())} (two instances on one device) ...")
                 pairs = measure_pair_grid(server, spec, results, spec.pairs(), lambda *a: drive_pair(server, spec, *a),
@@ -676,6 +714,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
         "triton_terms": zero,
         **({"wake_curve": wake} if wake else {}),
         **({"pair_slowdown": pairs} if pairs else {}),
+        **({"host_variation": host} if host else {}),
         "triton_terms_use": ("recorded, not added by the simulator: queue_us_at_zero_delay is what the batcher "
                              "adds before an idle instance starts a batch at delay 0; request_path_us is the client's "
                              "latency beyond Triton's request time (compare client-side latency with the simulator's "

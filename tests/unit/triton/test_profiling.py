@@ -101,19 +101,22 @@ def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
                                    "--triton-protocol", "quic", "--out", out), "expected http or grpc")
     assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
                                    "--triton-arrivals", "burst", "--out", out), "expected closed or open")
+    with pytest.raises(InputError, match="--host-variation-s -1"):
+        TritonProfileSpec(host_variation_s=-1).check()
     with pytest.raises(InputError, match="--triton-open-load: 1.5"):
         TritonProfileSpec(arrivals="open", open_load=1.5).check()
     assert not out.exists()
 
 
 @pytest.mark.slow
-def test_open_arrivals_time_each_size_under_a_poisson_stream_and_keep_the_closed_loop_beside_it(tmp_path):
+def test_open_arrivals_and_host_variation_through_the_server(tmp_path):
     _server_or_skip()
     out = tmp_path / "open.csv"
     proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,4",
                     "--seq-lens", "16", "--triton-batches", "20", "--triton-warmup-batches", "4",
                     "--triton-zero-delay-requests", "0", "--min-time-s", "0", "--warmup-ms", "0",
-                    "--triton-arrivals", "open", "--triton-open-load", "0.8", "--out", out)
+                    "--triton-arrivals", "open", "--triton-open-load", "0.8", "--host-variation-s", "0.4",
+                    "--out", out)
     assert proc.returncode == 0, proc.stderr
     prof = load_profile(out)
     meta, table = prof.meta, prof.table.astype({"closed_loop_ms_mean": float, "open_rate_rps": float,
@@ -130,6 +133,10 @@ def test_open_arrivals_time_each_size_under_a_poisson_stream_and_keep_the_closed
         opened = json.loads((raw / f"stats_profile_b{b}_open.json").read_text())
         closed = json.loads((raw / f"stats_profile_b{b}.json").read_text())
         assert opened["before"]["inference_count"] >= closed["after"]["inference_count"]
+    # The host-variation record the band reads: 5 rounds of lone requests through the server.
+    host = meta["host_variation"]
+    assert host["rounds"] == 5 and "through the server" in host["call"] and host["between_runs_cv"] >= 0
+    assert len(host["round_factors"]) == 5 and np.mean(host["round_factors"]) == pytest.approx(1.0, abs=1e-4)
 
 
 @pytest.mark.slow
