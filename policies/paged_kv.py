@@ -39,6 +39,8 @@ stopped at that limit (``current``; rejected only when the prompt and one token 
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 from policies.kv_cache import KVCacheManager
@@ -156,12 +158,20 @@ class PagedKV(LLMPolicy):
         check_token_columns(requests, self.name)
         self.p = p = Progress(requests)
         n = len(requests)
-        # Per-request columns as numpy arrays: a busy engine's step reads and writes them for
-        # all running rows at once (:meth:`_running_columns`). Prompt and output stay lists
-        # too, for the per-row paths (admission, preemption), which read scalars.
-        p.computed, p.generated = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        self.prompt_a = np.asarray(p.prompt, dtype=np.int64)
-        self.output_a = np.asarray(p.output, dtype=np.int64)
+        # Per-request columns in machine integers (array.array), each with a numpy view of the
+        # same memory: the per-row paths (admission, preemption, a step of a few rows) read
+        # and write Python ints, a busy step all its running rows at once through the views
+        # (_running_columns). Prompt and output, written only on arrival, are lists and copies.
+        p.computed, p.generated = _column(n), _column(n)
+        self.cap = _column(n)   # tokens each request's blocks hold: skips the manager on most decodes
+        self.full = _column(n)   # blocks vLLM would have cached by now (_cache_full_blocks)
+        # Leading blocks whose keys other requests may share: registered once full.
+        self.shared = _column(n, shareable_blocks(requests, self.block_size))
+        self._computed, self._generated, self._cap, self._full, self._shared = (
+            np.frombuffer(col, dtype=np.int64) for col in (p.computed, p.generated, self.cap, self.full, self.shared))
+        self._prompt = np.asarray(p.prompt, dtype=np.int64)
+        self._output = np.asarray(p.output, dtype=np.int64)
+        self._running_rows = None   # self.running as an array, where on_step_done knows it
         self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
                                  enable_prefix_caching=self.prefix_caching,
                                  num_swap_blocks=self.budget.num_swap_blocks,
@@ -180,10 +190,6 @@ class PagedKV(LLMPolicy):
         self.too_long: list[int] = []
         self.admitted_before = set()
         self.hit_tokens = np.zeros(len(requests), dtype=np.int32)
-        self.cap = np.zeros(n, np.int64)
-        self.full = np.zeros(n, np.int64)   # blocks vLLM would have cached by now (_cache_full_blocks)
-        # Leading blocks whose keys other requests may share: registered once full.
-        self.shared = shareable_blocks(requests, self.block_size)
         self.preemptions = self.swaps_out = self.swap_fallbacks = 0
         self.max_len = self.budget.max_model_len
         self.max_tokens_in_gpu = self.kv_blocks_total * self.block_size
@@ -200,7 +206,7 @@ class PagedKV(LLMPolicy):
                 if not self.caps_long_requests or most < 1:
                     self.too_long.append(r)
                     continue
-                output[r] = self.output_a[r] = most
+                output[r] = self._output[r] = most
                 self.length_capped += 1
             if not self.chunked_prefill and prompt[r] > self.max_num_batched_tokens:
                 self.too_long.append(r)   # only when --max-model-len is above the budget
@@ -239,6 +245,7 @@ class PagedKV(LLMPolicy):
             head = self._running_columns(budget)
             if head is not None:   # the loop below then has nothing left to do
                 i, budget = head[0].shape[0], head[4]
+        self._running_rows = None
         while i < len(running) and budget > 0:
             r = running[i]
             c = computed[r]
@@ -352,8 +359,12 @@ class PagedKV(LLMPolicy):
                         emits=h_emit)
         # Identical steps follow only when every row decodes: a one-token prefill chunk (a
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
-        if (len(step) and all_running and not preempted and not admitted and int_max(step.num_tokens) == 1
-                and step.emits.all()):
+        if head is None:
+            if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
+                repeat = self._repeat_horizon(rows, ctx)
+                if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
+                    repeat = self._until_new_shared_keys(rows, ctx, repeat)
+        elif all_running and not admitted and int_max(step.num_tokens) == 1 and step.emits.all():
             repeat = self._repeat_horizon(step.rows, step.context)
             if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
                 repeat = self._until_new_shared_keys(step.rows, step.context, repeat)
@@ -371,54 +382,62 @@ class PagedKV(LLMPolicy):
                 c + 1 >= p.prompt[r] + p.generated[r] for r, c in zip(rows, ctx))
         self._spec = spec
         self._made = step
+        self._all_running = head is not None and all_running   # step.rows is then self.running
         self.too_long = []
         self._swapped_out_now = 0
         return step
 
     def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
         p, kv, bs, cap = self.p, self.kv, self.block_size, self.cap
-        computed, generated = p.computed, p.generated
-        rows = step.rows
-        if repeats > 1:
-            self._replay_allocations(rows, step.context, repeats)
-            computed[rows] += repeats
-            generated[rows] += repeats
-            c = computed[rows]
-            grew = c > cap[rows]
-            cap[rows[grew]] = -(-c[grew] // bs) * bs
-        elif self.k:
-            rows_l, ntok, emit = rows.tolist(), step.num_tokens.tolist(), step.emits.tolist()
-            spec = self._spec if step is self._made else {
-                r: int(t) for r, n, c, t in zip(rows_l, ntok, step.context.tolist(), step.emit_tokens.tolist())
-                if c + n > p.prompt[r] + generated[r]}
-            for r, n, e in zip(rows_l, ntok, emit):
-                t = spec.get(r)
-                if t is None:
+        computed, generated, output = p.computed, p.generated, p.output
+        many = step.rows.shape[0] >= self.VECTOR_ROWS and not self.k
+        if many:
+            self._advance_columns(step, repeats)
+            finished = self._finished
+        else:
+            rows, ntok, ctx, emit = (step.rows.tolist(), step.num_tokens.tolist(),
+                                     step.context.tolist(), step.emits.tolist())
+            if repeats > 1:
+                self._replay_allocations(rows, ctx, repeats)
+                for r in rows:
+                    c = computed[r] = computed[r] + repeats
+                    generated[r] += repeats
+                    if c > cap[r]:
+                        cap[r] = -(-c // bs) * bs
+            elif self.k:
+                spec = self._spec if step is self._made else {
+                    r: int(t) for r, n, c, t in zip(rows, ntok, ctx, step.emit_tokens.tolist())
+                    if c + n > p.prompt[r] + generated[r]}
+                for r, n, e in zip(rows, ntok, emit):
+                    t = spec.get(r)
+                    if t is None:
+                        computed[r] += n
+                        if e:
+                            generated[r] += 1
+                    else:   # a verified row: its accepted tokens and the one sampled after them
+                        computed[r] += t
+                        generated[r] += t
+            else:
+                for r, n, e in zip(rows, ntok, emit):
                     computed[r] += n
                     if e:
                         generated[r] += 1
-                else:   # a verified row: its accepted tokens and the one sampled after them
-                    computed[r] += t
-                    generated[r] += t
-        else:   # rows are distinct within a step
-            computed[rows] += step.num_tokens
-            generated[rows] += step.emits
-        finished = rows[generated[rows] >= self.output_a[rows]].tolist()
-        if self.prefix_caching and repeats > 1:
-            # What the steps of the run registered one by one: a row's blocks up to the last
-            # block it filled, where it filled one (a row behind, such as one swapped in with
-            # fresh blocks, registers at its next filled block, as step by step).
-            c = computed[rows]
-            filled = c // bs
-            due = (filled > self.full[rows]) & (filled > (c - repeats) // bs) & (generated[rows] < self.output_a[rows])
-            for r, f in zip(rows[due].tolist(), filled[due].tolist()):
-                self._cache_full_blocks(r, f)
+            finished = [r for r in rows if generated[r] >= output[r]]
+            if self.prefix_caching and repeats > 1:
+                # What the steps of the run registered one by one: a row's blocks up to the last
+                # block it filled, where it filled one (a row behind, such as one swapped in with
+                # fresh blocks, registers at its next filled block, as step by step).
+                full = self.full
+                for r in rows:
+                    c = computed[r]
+                    if c // bs > full[r] and c // bs > (c - repeats) // bs and generated[r] < output[r]:
+                        self._cache_full_blocks(r, c // bs)
         if finished:
             done = set(finished)
             for r in finished:
                 if self.prefix_caching:
-                    self._cache_full_blocks(r, int(computed[r]) // bs)
-                kv.free(r, int(self.full[r]))
+                    self._cache_full_blocks(r, computed[r] // bs)
+                kv.free(r, self.full[r])
                 cap[r] = 0
                 self.keys.pop(r, None)
             if len(finished) < 8:   # a handful: removing them is cheaper than a new list
@@ -426,6 +445,39 @@ class PagedKV(LLMPolicy):
                     self.running.remove(r)
             else:
                 self.running = [r for r in self.running if r not in done]
+
+    def _advance_columns(self, step: Step, repeats: int) -> None:
+        """:meth:`on_step_done` of a step of many rows, before its finished rows leave, on
+        the column views: progress, blocks of a repeated run, registrations; sets
+        ``_finished`` and, where the step's rows were all the running ones in order (its own
+        step, every running row in it), ``_running_rows`` for the next step."""
+        bs, rows = self.block_size, step.rows
+        computed, generated, cap = self._computed, self._generated, self._cap
+        if repeats > 1:
+            self._replay_allocations_many(rows, step.context, repeats)
+            computed[rows] += repeats
+            generated[rows] += repeats
+            c = computed[rows]
+            grew = c > cap[rows]
+            cap[rows[grew]] = -(-c[grew] // bs) * bs
+        else:   # rows are distinct within a step
+            computed[rows] += step.num_tokens
+            generated[rows] += step.emits
+        left = generated[rows] < self._output[rows]
+        if self.prefix_caching and repeats > 1:   # as the row-by-row path, on arrays
+            c = computed[rows]
+            filled = c // bs
+            due = (filled > self._full[rows]) & (filled > (c - repeats) // bs) & left
+            for r, f in zip(rows[due].tolist(), filled[due].tolist()):
+                self._cache_full_blocks(r, f)
+        if left.all():
+            self._finished = []
+            running = rows
+        else:
+            self._finished = rows[~left].tolist()
+            running = rows[left]
+        if step is self._made and self._all_running:
+            self._running_rows = running
 
     def stats(self) -> dict:
         return {"preemptions": self.preemptions, "swaps_out": self.swaps_out,
@@ -443,6 +495,8 @@ class PagedKV(LLMPolicy):
 
     _swapped_out_now = 0
     _made = None   # the last step schedule() made
+    _all_running = False
+    _finished: list = []
     VECTOR_ROWS = 24
     """From this many running rows a step's running part is worked out on arrays
     (:meth:`_running_columns`); below it, row by row (cheaper for a handful of rows)."""
@@ -545,10 +599,12 @@ class PagedKV(LLMPolicy):
         Each row asks for the rest of its known tokens (capped by the threshold), in
         order while the budget lasts; only rows that cross a block boundary touch the block
         manager, and only rows filling a block whose key other requests may share register it."""
-        p, bs, cap, full = self.p, self.block_size, self.cap, self.full
-        rows = np.array(self.running, dtype=np.int64)
-        c = p.computed[rows]
-        known = self.prompt_a[rows] + p.generated[rows]
+        bs, cap, full = self.block_size, self._cap, self._full
+        rows = self._running_rows
+        if rows is None:
+            rows = np.array(self.running, dtype=np.int64)
+        c = self._computed[rows]
+        known = self._prompt[rows] + self._generated[rows]
         n = known - c
         if self.threshold:
             np.minimum(n, self.threshold, out=n)
@@ -568,7 +624,7 @@ class PagedKV(LLMPolicy):
             filled = np.minimum(end, known) // bs
             due = (end // bs > c // bs) & (filled > full[rows])
             if due.any():
-                shares = due & (self.shared[rows] > full[rows])
+                shares = due & (self._shared[rows] > full[rows])
                 if shares.any():   # registrations interleave with allocations, row by row
                     register = shares
             else:
@@ -605,9 +661,14 @@ class PagedKV(LLMPolicy):
                 self._cache_full_blocks(r, regs[i])
         return True
 
-    def _repeat_horizon(self, rows: np.ndarray, ctx: np.ndarray) -> int:
-        """How many identical decode steps can run before a request finishes or blocks run out."""
-        most = int((self.output_a[rows] - self.p.generated[rows]).min())
+    def _repeat_horizon(self, rows, ctx) -> int:
+        """How many identical decode steps can run before a request finishes or blocks run out
+        (``rows`` and ``ctx`` as lists, or arrays for a step of many rows)."""
+        if isinstance(rows, np.ndarray):
+            most = int((self._output[rows] - self._generated[rows]).min())
+        else:
+            output, generated = self.p.output, self.p.generated
+            most = min([output[r] - generated[r] for r in rows])
         if most <= 1:
             return 1
         bs, free = self.block_size, self.kv.num_free_blocks
@@ -630,22 +691,31 @@ class PagedKV(LLMPolicy):
                 hi = mid
         return lo
 
-    def _until_new_shared_keys(self, rows: np.ndarray, ctx: np.ndarray, horizon: int) -> int:
+    def _until_new_shared_keys(self, rows, ctx, horizon: int) -> int:
         """Cut a decode run before the step in which a row fills a block whose key other
         requests share: registering it there may give the waiting head enough prefix hits
         for its whole prompt to fit (whole-prompt admission counts hits), so that step must
         be decided anew. Without whole-prompt admission hits never change whether a first
         chunk fits (a hit saves as many blocks as it covers)."""
-        sharing = self.shared[rows] > self.full[rows]
-        if sharing.any():
-            bs = self.block_size
-            j = (-ctx[sharing].astype(np.int64)) % bs   # step (1-based) whose token fills a block
-            j[j == 0] = bs
-            j[j == 1] += bs
-            horizon = min(horizon, int(j.min()) - 1)
+        bs = self.block_size
+        if isinstance(rows, np.ndarray):
+            sharing = self._shared[rows] > self._full[rows]
+            if sharing.any():
+                j = (-ctx[sharing].astype(np.int64)) % bs   # step (1-based) whose token fills a block
+                j[j == 0] = bs
+                j[j == 1] += bs
+                horizon = min(horizon, int(j.min()) - 1)
+            return max(horizon, 1)
+        shared, full = self.shared, self.full
+        for r, c in zip(rows, ctx):
+            if shared[r] > full[r]:
+                j = (-c) % bs or bs   # step (1-based) whose token fills a block
+                if j == 1:
+                    j += bs
+                horizon = min(horizon, j - 1)
         return max(horizon, 1)
 
-    def _replay_allocations(self, rows: np.ndarray, ctx: np.ndarray, repeats: int) -> None:
+    def _replay_allocations(self, rows: list, ctx: list, repeats: int) -> None:
         """Allocate, in vLLM's order, the blocks steps 2..repeats of a repeated decode took.
 
         Row i's token in step j (0-based) opens a block when ``ctx[i] + j`` is a multiple of
@@ -656,9 +726,24 @@ class PagedKV(LLMPolicy):
         """
         bs = self.block_size
         rounds, rest = divmod(repeats - 1, bs)
+        first = [(-c) % bs or bs for c in ctx]
+        total = rounds * len(rows) + len([f for f in first if f <= rest])
+        if total:
+            cycle = [rows[i] for i in sorted(range(len(rows)), key=first.__getitem__)]
+            self.kv.allocate_round_robin(cycle, total)
+
+    def _replay_allocations_many(self, rows: np.ndarray, ctx: np.ndarray, repeats: int) -> None:
+        """:meth:`_replay_allocations` of many rows, on arrays."""
+        bs = self.block_size
+        rounds, rest = divmod(repeats - 1, bs)
         first = (-ctx.astype(np.int64)) % bs
         first[first == 0] = bs
         total = rounds * rows.shape[0] + int(np.count_nonzero(first <= rest))
         if total:
             cycle = rows[np.argsort(first, kind="stable")].tolist()
             self.kv.allocate_round_robin(cycle, total)
+
+
+def _column(n: int, values: np.ndarray | None = None) -> array:
+    """A per-request int64 column: zeros, or ``values``."""
+    return array("q", bytes(8 * n) if values is None else np.asarray(values, np.int64).tobytes())
