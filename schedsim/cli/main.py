@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from schedsim.cli import options as o
-from schedsim.cli.summary import print_llm_summary, print_summary
+from schedsim.cli.coercion import PlainCommand, PlainParams
 from schedsim.errors import InputError
 from schedsim.run.spec import RunSpec
 
@@ -93,7 +93,7 @@ class _LazyCommands(MutableMapping):
         return len(self._commands)
 
 
-class _LazyGroup(TyperGroup):
+class _LazyGroup(PlainParams, TyperGroup):
     def __init__(self, *, commands=None, **kwargs):
         super().__init__(**kwargs)
         self.commands = _LazyCommands(dict(commands or {}))
@@ -113,7 +113,7 @@ def _group() -> None:
     pass
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def run(
     trace: Annotated[Path, typer.Argument(help="Request trace: schedsim CSV/Parquet, Azure LLM 2023 CSV or Mooncake JSONL.")],
     policy: o.Policy = "dynamic",
@@ -211,7 +211,11 @@ def run(
         outcome = execute(spec, llm, phase)
     if json_output:
         o.print_json(outcome.summary)
-    elif "ttft_p50_ms" in outcome.summary:
+        return
+    # lazy: the tables' rich costs about 0.03 s that --json skips
+    from schedsim.cli.summary import print_llm_summary, print_summary
+
+    if "ttft_p50_ms" in outcome.summary:
         print_llm_summary(outcome)
     else:
         print_summary(outcome)
