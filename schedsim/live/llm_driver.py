@@ -7,7 +7,16 @@ open loop: request ``i`` becomes visible at ``t0 + arrival_ns[i]`` by the wall c
 latency counts from then (MLPerf LoadGen's rule, as :mod:`schedsim.live.driver`). One thread: the
 loop asks for a step, runs it, tells the policy; an idle engine sleeps until the next
 arrival (a timed sleep, then a short busy-wait). :attr:`Step.repeat` is ignored: the live
-driver runs one step per call (``repeats=1``).
+driver runs one step per call (``repeats=1``). With ``overlap`` (async scheduling) the
+engine call runs on a worker thread while the loop tells the policy the step is done and
+forms the next one (:meth:`_Driver._run_overlapped`); the decisions are the same, only
+arrivals during a step that come after the next one was formed wait a step longer.
+
+Speculative decoding (a policy with ``speculative``): the policy decides the rows, their
+``1 + k`` tokens and how many drafts each accepts; the driver has a proposer write the
+drafts (:mod:`schedsim.live.speculative`: a draft model on its own engine, or prompt
+lookup), runs each verification as ``1 + k`` decode rows, and hands each row its accepted
+drafts and then the target's token after them.
 
 What the engine is given per row (:class:`~schedsim.live.engines.llm_engine.EngineRow`):
 
@@ -55,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from schedsim.live.engines.llm_rows import EngineRow
 from schedsim.live.engines.null_engine import NullLLMEngine
 from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
 from schedsim.core.llm_policy import Step
@@ -270,7 +280,7 @@ def warm_eager(engine, *, max_seqs: int, max_context: int, prefill_tokens: int,
     low and 12% high in its last). Every row reads and writes only the null block, so no
     request's KV changes. Stops starting steps after ``budget_s``.
     """
-    from schedsim.live.engines.llm_rows import NULL_BLOCK, EngineRow
+    from schedsim.live.engines.llm_rows import NULL_BLOCK
 
     t = time.perf_counter()
     bs, cap = engine.block_size, min(int(max_context), engine.max_context)
@@ -382,7 +392,7 @@ def warm_up(engine, *, max_seqs: int, max_context: int, prefill_tokens: int, eag
     graphs' shared memory pool grows once). Rows read and write only the null block.
     Returns wall times (``engine_warmup_s`` in all, ``warmup_eager_s``) and shape counts.
     """
-    from schedsim.live.engines.llm_rows import NULL_BLOCK, EngineRow
+    from schedsim.live.engines.llm_rows import NULL_BLOCK
     from schedsim.cost.llm_shapes import context_blocks, graph_batch
 
     t = time.perf_counter()
@@ -454,7 +464,10 @@ def _warm_seqs(policy) -> int:
     return _max_seqs(policy, 256) * (1 + (spec.num_speculative_tokens if spec is not None else 0))
 
 
-@dataclass(eq=False)
+_NO_DRAFTS: dict = {}
+
+
+@dataclass(eq=False, slots=True)
 class _Formed:
     """One step on its way through the loop: formed, launched, finished."""
 
@@ -464,17 +477,17 @@ class _Formed:
     rows: list
     ntok: list
     ctx: list
-    live: list = field(default_factory=list)
+    live: list = ()
     """Indices of the rows whose requests have not failed."""
     tables: list | None = None
     error: str = ""
     formed: int = 0
     prepared: object = None
     """The engine's packed inputs when packed while the step before ran."""
-    patch: list = field(default_factory=list)
+    patch: list = ()
     """(token index, row, position) of the placeholders in ``prepared``."""
-    drafts: dict = field(default_factory=dict)
-    """Row index -> draft token ids of each verifying row."""
+    drafts: dict = field(default_factory=lambda: _NO_DRAFTS)
+    """Row index -> draft token ids of each verifying row (never mutated: replaced)."""
     engine_rows: list | None = None
     """(tokens, context) of each engine row, where they differ from the step's rows."""
     draft_ms: float = 0.0
@@ -653,7 +666,8 @@ class _Driver:
             self.preemptions[step.preempted] += 1
             for v in step.preempted.tolist():
                 self.draft_done[v] = 0   # its blocks change: the draft's KV is gone
-        f.live = [i for i, r in enumerate(rows) if self.failed_ns[r] < 0]
+        f.live = ([i for i, r in enumerate(rows) if self.failed_ns[r] < 0] if self.failures
+                  else list(range(len(rows))))
         try:
             f.tables = self._tables(rows, f.ntok, f.ctx)
         except (KeyboardInterrupt, PolicyError):
@@ -663,10 +677,12 @@ class _Driver:
         # Emitted tokens counted now (the policy counts them at on_step_done): the next step's
         # tables free the blocks of requests done here (reserving policies).
         counts = step.emit_tokens.tolist() if step.emit_tokens is not None else None
-        for i, r in enumerate(rows):
-            if step.emits[i]:
-                self.emitted[r] += counts[i] if counts is not None else 1
-                if self.emitted[r] >= self.output[r] and not self.paged:
+        emitted = self.emitted
+        for i, e in enumerate(step.emits.tolist()):
+            if e:
+                r = rows[i]
+                emitted[r] += counts[i] if counts is not None else 1
+                if not self.paged and emitted[r] >= self.output[r]:
                     self.done_holding.add(r)
         if stage and not f.error and self.proposer is None:
             f.prepared, f.patch = self._stage(f)
@@ -675,8 +691,6 @@ class _Driver:
 
     def _stage(self, f: "_Formed"):
         """Pack ``f``'s rows now, tokens not generated yet as 0; returns (packed, patch list)."""
-        from schedsim.live.engines.llm_rows import EngineRow
-
         tokens, patch, engine_rows, at = self.tokens, [], [], 0
         for i in f.live:
             r, c, n = f.rows[i], f.ctx[i], f.ntok[i]
@@ -691,15 +705,14 @@ class _Driver:
 
     def _launch(self, f: "_Formed", worker) -> None:
         """Swaps, drafts and the engine call: on ``worker`` (a thread) when given, else here."""
-        from schedsim.live.engines.llm_rows import EngineRow
-
         if f.error:
             f.issue = f.t_engine = self.now()
             return
         engine, tokens = self.engine, self.tokens
-        live = [i for i in f.live if self.failed_ns[f.rows[i]] < 0]
-        if live != f.live:   # the step before failed some of its requests
-            f.live, f.prepared = live, None
+        if self.failures:
+            live = [i for i in f.live if self.failed_ns[f.rows[i]] < 0]
+            if live != f.live:   # the step before failed some of its requests
+                f.live, f.prepared = live, None
         try:
             f.swap_ms = self._swap(f.step)
             if f.prepared is not None:
@@ -712,16 +725,20 @@ class _Driver:
                     t = self.now()
                     f.drafts = self.proposer.propose(f.rows, f.ntok, f.ctx, f.live, f.tables, tokens, self.draft_done)
                     f.draft_ms = (self.now() - t) / 1e6
-                rows = []
-                for i in f.live:
-                    r, c, n = f.rows[i], f.ctx[i], f.ntok[i]
-                    d = f.drafts.get(i)
-                    if d is None:
-                        rows.append(EngineRow(tokens.get(r, c, n), c, f.tables[i]))
-                    else:   # a verification: one decode row per token (the last known, then the drafts)
-                        ids = np.concatenate([tokens.get(r, c, 1), d])
-                        rows += [EngineRow(ids[j:j + 1], c + j, f.tables[i]) for j in range(n)]
-                f.engine_rows = [(len(e.tokens), e.context) for e in rows]
+                drafts, fr, fc, fn, ft = f.drafts, f.rows, f.ctx, f.ntok, f.tables
+                if not drafts:
+                    rows = [EngineRow(tokens.get(fr[i], fc[i], fn[i]), fc[i], ft[i]) for i in f.live]
+                else:
+                    rows = []
+                    for i in f.live:
+                        r, c, n = fr[i], fc[i], fn[i]
+                        d = drafts.get(i)
+                        if d is None:
+                            rows.append(EngineRow(tokens.get(r, c, n), c, ft[i]))
+                        else:   # a verification: one decode row per token (the last known, then the drafts)
+                            ids = np.concatenate([tokens.get(r, c, 1), d])
+                            rows += [EngineRow(ids[j:j + 1], c + j, ft[i]) for j in range(n)]
+                    f.engine_rows = [(len(e.tokens), e.context) for e in rows]
                 prepared = None if not rows else (engine.prepare(rows) if worker is not None else rows)
         except (KeyboardInterrupt, PolicyError):
             raise
@@ -764,7 +781,13 @@ class _Driver:
             self._fail(f, f.exc)
         f.end = end = self.now()
         tokens, out = self.tokens, f.out
-        if out is not None:
+        if out is not None and not f.drafts:
+            rows, ctx, ntok, length = f.rows, f.ctx, f.ntok, tokens.length
+            for k, i in enumerate(f.live):
+                r = rows[i]
+                if ctx[i] + ntok[i] == length[r]:   # the row's next token (padding rows too)
+                    tokens.append(r, int(out[k]))
+        elif out is not None:
             k = 0
             counts = f.step.emit_tokens
             for i in f.live:
