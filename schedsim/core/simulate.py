@@ -207,7 +207,7 @@ class _Driver:
                     if factor != 1.0:
                         dispatch_s = cost.dispatch_s(samples)
                         service_s = dispatch_s + (service_s - dispatch_s) * factor
-                service_ns = int(round(service_s * 1e9))
+                service_ns = round(service_s * 1e9)  # an int, as int(round()) gave
                 if freed != now:
                     service_ns += wake_ns(now - freed, wake_draw())
                 end = now + service_ns
@@ -411,7 +411,7 @@ class _Driver:
             if cost is self.cost and shared is None and factor != 1.0:
                 dispatch_s = cost.dispatch_s(samples)
                 service_s = dispatch_s + (service_s - dispatch_s) * factor
-        service_ns = int(round(service_s * 1e9))
+        service_ns = round(service_s * 1e9)  # an int, as int(round()) gave
         if self.freed_at[instance] != now:
             service_ns += self.wake_ns(now - self.freed_at[instance], self.wake_draws.random())
         if self.gpu_clock is not None:

@@ -73,7 +73,7 @@ class WakeCurve:
         lx = self._log_idle
         i = bisect.bisect_left(lx, x)
         if i == 0 or i == len(lx):
-            return int(round(self._at(i - (i > 0), u) * 1e3))
+            return round(self._at(i - (i > 0), u) * 1e3)
         f = (x - lx[i - 1]) / (lx[i] - lx[i - 1])
         if self.probs is None:
             a, b = self.extra_us[i - 1], self.extra_us[i]
@@ -83,7 +83,7 @@ class WakeCurve:
             j = min(max(bisect.bisect_right(p, u), 1), len(p) - 1)
             g = (u - p[j - 1]) / (p[j] - p[j - 1])
             a, b = q0[j - 1] + g * (q0[j] - q0[j - 1]), q1[j - 1] + g * (q1[j] - q1[j - 1])
-        return int(round(((1.0 - f) * a + f * b) * 1e3))
+        return round(((1.0 - f) * a + f * b) * 1e3)
 
     def _at(self, point: int, u: float) -> float:
         """Extra µs at one idle point: its mean, or its quantile function at u."""
