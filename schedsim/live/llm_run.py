@@ -30,7 +30,7 @@ from schedsim.profiling.measure import gpu_state, machine_metadata
 from schedsim.registry import build_policy
 from schedsim.run.llm_report import write_llm_outputs
 from schedsim.run.llm_runner import is_llm_run
-from schedsim.run.spec import RunInputs, check_spec, policy_config
+from schedsim.run.spec import RunInputs, check_spec, effective_settings, policy_config
 from schedsim.traces.io import load_trace, scale_rate
 
 LLM_MODELS = ("llama-1b", "llama-tiny")
@@ -210,7 +210,8 @@ def execute_live_llm(spec: LiveLLMSpec):
         "threads": spec.threads if device == "cpu" else None,
         "time_limit_s": spec.time_limit_s, "slo_ttft_ms": llm.slo_ttft_ms, "slo_tpot_ms": llm.slo_tpot_ms,
         "slo_e2e_ms": llm.slo_e2e_ms, "overlap": spec.overlap,
-        "draft_model": f"builtin:{draft.name}" if draft is not None else None, "policy_stats": stats}
+        "draft_model": f"builtin:{draft.name}" if draft is not None else None, "policy_stats": stats,
+        "effective": effective_settings(policy) | {"instances": 1, "overlap": spec.overlap}}
     if policy.async_scheduling and not spec.overlap:   # the policy's switch prices steps in the simulator
         summary["warnings"] = summary.get("warnings", []) + [
             "async scheduling: this engine prepares each step after the one before has run (no "

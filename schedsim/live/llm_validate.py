@@ -147,6 +147,26 @@ def pool_llm_runs(reports: list[dict]) -> dict:
     return out
 
 
+SETTING_KEYS_IGNORED = ("profile", "device", "model", "overlap")
+"""Effective settings that differ between a prediction and a live run by their nature."""
+
+
+def setting_notes(sim_config: dict, live_config: dict) -> list[str]:
+    """What makes the prediction describe another run than the live one: policy settings
+    that differ (``config.effective`` of both summaries; a live run recorded before live
+    summaries kept it has none, and gets no note) and async scheduling predicted for an
+    engine that ran its steps in series."""
+    sim_eff, live_eff = sim_config.get("effective"), live_config.get("effective")
+    if not isinstance(sim_eff, dict) or not isinstance(live_eff, dict):
+        return []
+    notes = [f"{k}: {sim_eff[k]!r} in the prediction, {live_eff[k]!r} in the live run"
+             for k in sim_eff if k in live_eff and k not in SETTING_KEYS_IGNORED and sim_eff[k] != live_eff[k]]
+    if sim_eff.get("async_scheduling") and live_eff.get("async_scheduling") and not live_eff.get("overlap"):
+        notes.append("the prediction hides each step's host time behind its GPU time (async scheduling), "
+                     "the live engine ran its steps in series: compare runs made with --no-async-scheduling")
+    return notes
+
+
 def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dict:
     """Compare an LLM prediction with one live run (or several: ``live_dir`` a list, their
     median the measurement); write validation.json (and the plot); return the report."""
@@ -160,6 +180,9 @@ def validate_llm_dirs(sim_dir, live_dir, *, out=None, plot: bool = False) -> dic
                   params=cfg.get("params"), instances=cfg.get("instances"), warmup_s=cfg.get("warmup_s"),
                   model=cfg.get("model"), device=cfg.get("device"),
                   profile=sim.get("config", {}).get("profile"))
+    notes = setting_notes(sim.get("config", {}), cfg)
+    if notes:
+        report["notes"] = notes
     draw = (lambda out_dir: plot_llm_cdfs(out_dir / "llm_cdf_validation.png", dists, report)) if plot else None
     return write_report(report, out, live_dir, draw)
 
@@ -216,5 +239,7 @@ def print_llm_validation(report: dict) -> None:
     measured = report["completed"].get("measured", report["completed"].get("measured_runs"))
     console.print(f"KS statistics: {ks}; completed {report['completed']['predicted']} predicted, "
                   f"{measured} measured; targets met: {report['targets_met']}")
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for path in report.get("written", []):
         console.print(f"wrote {path}")

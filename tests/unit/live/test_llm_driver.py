@@ -393,6 +393,10 @@ def test_cli_live_then_validate_against_run(tmp_path, token_trace):
                 "ks_stat_ttft", "ks_stat_e2e", "targets_met"):
         assert key in report
     assert (live_dir / "llm_cdf_validation.png").stat().st_size > 0
+    # Both ran the current preset: the prediction overlaps host time, the live engine did not.
+    assert summary["config"]["effective"]["async_scheduling"] is True
+    assert report["notes"] == [n for n in report["notes"] if "async scheduling" in n] and report["notes"]
+    assert "note: the prediction hides" in proc.stdout
 
     # Several live runs are one measurement, their median: here the live run twice and the
     # prediction itself as a third "run", so the medians are the live run's values and the
@@ -407,6 +411,19 @@ def test_cli_live_then_validate_against_run(tmp_path, token_trace):
         row, single = pooled["metrics"][key], report["metrics"][key]
         assert row["measured"] == pytest.approx(single["measured"]) and row["err_pct"] == pytest.approx(single["err_pct"])
         assert row["measured_runs"][1] == pytest.approx(single["predicted"]) and row["predicted_in_measured_range"]
+
+
+def test_validation_notes_settings_the_two_runs_do_not_share():
+    from schedsim.live.llm_validate import setting_notes
+
+    sim = {"effective": {"policy": "paged-kv", "async_scheduling": True, "max_num_seqs": 8, "profile": "a.csv"}}
+    live = {"effective": {"policy": "paged-kv", "async_scheduling": True, "max_num_seqs": 16, "overlap": False}}
+    notes = setting_notes(sim, live)
+    assert notes[0] == "max_num_seqs: 8 in the prediction, 16 in the live run"
+    assert "--no-async-scheduling" in notes[1] and len(notes) == 2
+    live["effective"] |= {"overlap": True, "max_num_seqs": 8}
+    assert setting_notes(sim, live) == []
+    assert setting_notes(sim, {}) == []   # a live run recorded before live summaries kept its settings
 
 
 @pytest.mark.parametrize("args,needle", [
