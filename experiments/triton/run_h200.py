@@ -105,7 +105,9 @@ def start_server(cfg: dict, work: Path, rep: int, cpu: bool) -> TritonServer:
     # Tracing off server-wide; each cell turns it on for its model at --trace-rate.
     args = ("--trace-config", f"triton,file={repo.parent / 'trace.json'}", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", f"rate={2**31 - 1}", "--trace-config", "triton,log-frequency=0")
-    return TritonServer(repo, repo.parent / "tritonserver.log", find_tritonserver(), args=args, ready_timeout_s=240)
+    env = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} if cpu else {}
+    return TritonServer(repo, repo.parent / "tritonserver.log", find_tritonserver(), args=args, env=env,
+                        ready_timeout_s=240)
 
 
 def server_side(trace_path: Path, windows: dict) -> dict:
