@@ -6,7 +6,9 @@ stderr (``schedsim: error: ...``) and exit status 2, with no traceback.
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import os
 import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
@@ -223,6 +225,8 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
+    if argv is None:
+        _reuse_freed_memory()
     try:
         return _main(argv)
     finally:
@@ -231,6 +235,22 @@ def main(argv: list[str] | None = None) -> int:
             # next: freezing every object spares the interpreter's final full collection
             # over all imported modules' objects (about 45 ms of a `schedsim run`).
             gc.freeze()
+
+
+def _reuse_freed_memory() -> None:
+    """With glibc, when run as the program: keep freed blocks of up to 256 MiB in the heap for
+    reuse instead of handing each back to the kernel. A run allocates and frees columns of
+    millions of rows one after another, and every fresh block costs a page fault per 4 KiB
+    page when first written: about 0.07 s of system time in a 2,000,000-request run, about a
+    tenth of its CPU time, for the same peak memory. The process exits soon after."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ValueError, OSError, AttributeError):
+        return
+    mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD: blocks below it come from the heap
+    mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD: the heap's free top is kept up to 1 GiB
 
 
 def _main(argv: list[str] | None) -> int:
