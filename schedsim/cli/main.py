@@ -241,8 +241,8 @@ def _reuse_freed_memory() -> None:
     """With glibc, when run as the program: keep freed blocks of up to 256 MiB in the heap for
     reuse instead of handing each back to the kernel. A run allocates and frees columns of
     millions of rows one after another, and every fresh block costs a page fault per 4 KiB
-    page when first written: about 0.07 s of system time in a 2,000,000-request run, about a
-    tenth of its CPU time, for the same peak memory. The process exits soon after."""
+    page when first written: 0.03-0.07 s of system time in a 2,000,000-request run (3-9% of
+    its CPU time), for about the same peak memory. The process exits soon after."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return
