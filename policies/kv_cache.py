@@ -279,14 +279,15 @@ class KVCacheManager:
                 ref[b] = 1
         if self._cache:   # a popped cached block is evicted (none is while nothing is cached)
             bkey, cache, dups = self._key, self._cache, self._dups
-            for b in taken:
-                k = bkey[b]
-                if k is not None:
-                    bkey[b] = None
-                    if dups:
-                        self._uncache(b, k)
-                    else:   # one block per key: k's is b
-                        del cache[k]
+            keys = list(map(bkey.__getitem__, taken))
+            if keys.count(None) < len(keys):
+                for b, k in zip(taken, keys):
+                    if k is not None:
+                        bkey[b] = None
+                        if dups:
+                            self._uncache(b, k)
+                        else:   # one block per key: k's is b
+                            del cache[k]
         out += taken
         if self._head > self.COMPACT_AT and self._head * 2 > len(queue):   # drop the consumed entries
             del queue[:self._head]
@@ -492,34 +493,38 @@ class KVCacheManager:
         """:meth:`_release` of newer vLLM: blocks reaching ref 0 are taken tail first; keyed
         ones (or within the first ``num_hashed``) are appended to the tail in that order,
         the others put at the head in that order (the first of them becomes the head)."""
-        ref, key, caching = self._ref, self._key, self.enable_prefix_caching
-        if not caching:   # no keys: every block goes to the head, the request's first block first
+        ref, key = self._ref, self._key
+        if not self.enable_prefix_caching:   # no keys: every block to the head, the first one first
             self._front += blocks
             return
-        rest = blocks[num_hashed:]
-        if not self._nshared and (not rest or set(map(key.__getitem__, rest)) == {None}):
-            # Nothing shared and no key past the hashed ones (most requests): the hashed
-            # blocks go to the tail, last first, the rest to the head, in order.
-            for b in blocks:
-                ref[b] = 0
-            self._queue += reversed(blocks[:num_hashed])
-            self._front += rest
-            return
+        hashed = blocks[:num_hashed]
         tail: list[int] = []
         head: list[int] = []
-        for i in range(len(blocks) - 1, -1, -1):
-            b = blocks[i]
-            if caching:
-                r = ref[b] - 1
-                ref[b] = r
-                if r:
-                    if r == 1:
+        for b in reversed(blocks[num_hashed:]):   # past the hashed ones: a request's last block or two
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                if r == 1:
+                    self._nshared -= 1
+                continue
+            (head if key[b] is None else tail).append(b)
+        # The hashed blocks all go to the tail, last first, those that reach ref 0.
+        refs = list(map(ref.__getitem__, hashed))
+        if refs.count(1) == len(refs):   # none shared (most requests)
+            for b in hashed:
+                ref[b] = 0
+            tail += reversed(hashed)
+        else:
+            zero = []
+            for b, r in zip(hashed, refs):
+                if r == 1:
+                    ref[b] = 0
+                    zero.append(b)
+                else:
+                    ref[b] = r - 1
+                    if r == 2:
                         self._nshared -= 1
-                    continue
-                if i < num_hashed or key[b] is not None:
-                    tail.append(b)
-                    continue
-            head.append(b)
+            tail += reversed(zero)
         self._queue += tail
         if head:
             head.reverse()   # the stack's last entry is the head: the first freed

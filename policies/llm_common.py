@@ -67,35 +67,42 @@ class BlockKeys:
     exactly when the pairs are, and cheaper to hash for the millions of blocks cached.
 
     ``shared``: how many leading blocks have hash-id keys (0 without hash ids); every
-    later block's key is the request's own.
+    later block's key is the request's own. Those ``shared`` keys are worked out at once
+    (a Mooncake prompt has hundreds of blocks, looked up and registered one by one).
     """
 
-    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared")
+    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared", "leading")
 
     def __init__(self, requests: Requests, row: int, block_size: int):
         self.row, self.block_size = row, block_size
         self.prompt = int(requests.input_tokens[row])
+        ids = np.empty(0, np.int64)
         if requests.hash_ids is not None:
             lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
-            self.ids = requests.hash_ids[lo:hi].tolist()
-        else:
-            self.ids = []
+            ids = np.asarray(requests.hash_ids[lo:hi], dtype=np.int64)
+        self.ids = ids.tolist()
         self.per_id = int(requests.hash_block_tokens)
         # Block j has a hash-id key when (j + 1) * block_size <= min(prompt, ids * per_id).
-        self.shared = min(self.prompt, len(self.ids) * self.per_id) // block_size
+        self.shared = shared = min(self.prompt, len(self.ids) * self.per_id) // block_size
+        self.leading: list = []
+        if shared:
+            j = np.arange(shared, dtype=np.int64)
+            covering = ids[((j + 1) * block_size - 1) // self.per_id]
+            if covering.min() >= 0 and covering.max() < (1 << 62) // KEY_SPAN:
+                self.leading = (covering * KEY_SPAN + j).tolist()
+            else:   # ids too large for int64 keys: Python ints
+                self.leading = [h * KEY_SPAN + i for h, i in zip(covering.tolist(), range(shared))]
 
     def __getitem__(self, j):
         if isinstance(j, slice):   # a list of keys: what the block manager reads
-            blocks = range(*j.indices(KEY_SPAN))
-            if not self.ids:
-                own = (-1 - self.row) * KEY_SPAN
-                return [own + i for i in blocks]
-            return [self[i] for i in blocks]
-        end = (j + 1) * self.block_size  # tokens up to the end of block j
-        if end <= self.prompt:
-            h = (end - 1) // self.per_id
-            if h < len(self.ids):
-                return self.ids[h] * KEY_SPAN + j
+            start, stop, step = j.indices(KEY_SPAN)
+            shared = self.shared
+            own = (-1 - self.row) * KEY_SPAN
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return self.leading[start:stop] + [own + i for i in range(max(start, shared), stop)]
+        if j < self.shared:
+            return self.leading[j]
         return (-1 - self.row) * KEY_SPAN + j
 
     def __len__(self) -> int:  # keys exist for any block index the request can reach

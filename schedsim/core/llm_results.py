@@ -86,7 +86,7 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
                 first_end: np.ndarray, end: np.ndarray, repeats: np.ndarray,
                 emit_tokens: np.ndarray | None = None) -> TokenTimes:
     """Per-request token times from a step log: ``rows``/``emits`` of every record
-    concatenated, ``rec`` the record of each entry; per record its ``start``, the end of
+    concatenated in record order, ``rec`` the record of each entry; per record its ``start``, the end of
     its first step (``first_end``), its ``end`` and how many identical steps it stands for.
     ``emit_tokens`` (speculative decoding): tokens each entry emits, None: one per emitting
     entry. Tokens a step emits together arrive together: one inter-token gap per step that
@@ -94,10 +94,11 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     # Entries sorted by request, then time: entries come in record order, so a stable sort
     # by request is enough (a radix sort, linear, where request numbers fit 16 bits).
     order = np.argsort(rows.astype(np.uint16) if n <= 1 << 16 else rows, kind="stable")
-    srows, srec = rows[order], rec[order]
-    first_of = np.ones(srows.size, bool)
-    first_of[1:] = srows[1:] != srows[:-1]
-    last_of = np.ones(srows.size, bool)
+    srows = rows[order]
+    srec = (rec.astype(np.int32) if rec.size < 1 << 31 else rec)[order]   # half the memory to move
+    first_of = _run_starts(srows)
+    last_of = np.empty(srows.size, bool)
+    last_of[-1:] = True
     last_of[:-1] = first_of[1:]
     first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     first_seen[srows[first_of]] = srec[first_of]
@@ -105,14 +106,13 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
 
     # Emitted tokens, sorted by request then time.
-    em = emits[order]
-    er, erec = srows[em], srec[em]
-    order = order[em]
-    weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order]
+    emitted = np.flatnonzero(emits[order])
+    er, erec = srows[emitted], srec[emitted]
+    weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order[emitted]]
     tokens_out = np.bincount(er, weights=weights, minlength=n).astype(np.int64)
-    first_of_row = np.ones(er.size, bool)
-    first_of_row[1:] = er[1:] != er[:-1]
-    last_of_row = np.ones(er.size, bool)
+    first_of_row = _run_starts(er)
+    last_of_row = np.empty(er.size, bool)
+    last_of_row[-1:] = True
     last_of_row[:-1] = first_of_row[1:]
     first_token_ns = np.full(n, -1, np.int64)
     first_token_ns[er[first_of_row]] = first_end[erec[first_of_row]]
@@ -120,11 +120,18 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
     last_emit_rec = np.full(n, -1, np.int64)
     last_emit_rec[er[last_of_row]] = erec[last_of_row]
-    later = ~first_of_row
-    prev = np.concatenate([[0], erec[:-1]]).astype(np.int64)
-    gaps_ns = (first_end[erec[later]] - end[prev[later]]).astype(np.int64)
+    later = np.flatnonzero(~first_of_row)
+    gaps_ns = first_end[erec[later]] - end[erec[later - 1]]
     return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
                       tokens_out, gaps_ns, er[later])
+
+
+def _run_starts(sorted_rows: np.ndarray) -> np.ndarray:
+    """bool: where each run of equal values in ``sorted_rows`` starts."""
+    starts = np.empty(sorted_rows.size, bool)
+    starts[:1] = True
+    np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=starts[1:])
+    return starts
 
 
 def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:
