@@ -193,7 +193,9 @@ class KVCacheManager:
         limit = min(len(keys), (num_tokens - 1) // self.block_size)
         cache = self._cache
         hits = 0
-        while hits < limit and keys[hits] in cache:
+        for key in keys[:limit]:
+            if key not in cache:
+                break
             hits += 1
         tokens = hits * self.block_size
         if count:
@@ -312,11 +314,6 @@ class KVCacheManager:
         self._head = i
         return taken
 
-    def _unqueue(self, b: int) -> None:
-        """Take free block ``b`` out of the middle of the free queue (it leaves a stale entry)."""
-        self._stale[b] = self._stale.get(b, 0) + 1
-        self._nstale += 1
-
     def allocate(self, req: Hashable, num_tokens: int, keys: Sequence[Hashable] | None = None,
                  num_cached_tokens: int = 0, watermark_blocks: int = 0,
                  full_tokens: int = 0) -> int | None:
@@ -365,29 +362,27 @@ class KVCacheManager:
                     or keys is None or nhit > len(keys)):
                 raise KVCacheError(f"allocate: num_cached_tokens {num_cached_tokens!r} for request "
                                    f"{req!r} is not a prefix hit of its {num_tokens} tokens")
-            cache, ref = self._cache, self._ref
-            for i in range(nhit):
-                b = cache.get(keys[i])
-                if b is None:
-                    raise KVCacheError(f"allocate: key {i} of request {req!r} is no longer cached; "
-                                       "call computed_prefix in the same step")
-                hit_blocks.append(b)
-                if ref[b] == 0:
-                    evictable += 1
+            hit_blocks = list(map(self._cache.get, keys[:nhit]))
+            if None in hit_blocks:
+                raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
+                                   "longer cached; call computed_prefix in the same step")
+            refs = list(map(self._ref.__getitem__, hit_blocks))
+            evictable = refs.count(0)
         need = total - len(hit_blocks)
         whole = max(total, -(-full_tokens // self.block_size))
         if whole > self.usable_blocks:
             return None   # the whole sequence can never fit; the caller stops it at the limit
         if whole - len(hit_blocks) + evictable + watermark_blocks > self.num_free_blocks:
             return None
-        if hit_blocks:
-            ref = self._ref
-            for b in hit_blocks:
-                if ref[b] == 0:
-                    self._unqueue(b)
-                elif ref[b] == 1:
+        if hit_blocks:   # (distinct blocks: one key each)
+            ref, stale = self._ref, self._stale
+            for b, r in zip(hit_blocks, refs):
+                if r == 0:   # a free block taken from the middle of the queue: a stale entry
+                    stale[b] = stale.get(b, 0) + 1
+                    self._nstale += 1
+                elif r == 1:
                     self._nshared += 1
-                ref[b] += 1
+                ref[b] = r + 1
         self._take(need, hit_blocks)
         self._req[req] = hit_blocks
         self._ncached[req] = total - need
@@ -510,21 +505,17 @@ class KVCacheManager:
             (head if key[b] is None else tail).append(b)
         # The hashed blocks all go to the tail, last first, those that reach ref 0.
         refs = list(map(ref.__getitem__, hashed))
+        for b in hashed:
+            ref[b] = 0
         if refs.count(1) == len(refs):   # none shared (most requests)
-            for b in hashed:
-                ref[b] = 0
             tail += reversed(hashed)
-        else:
-            zero = []
+        else:   # a few shared (a common prefix): they keep their other holders
             for b, r in zip(hashed, refs):
-                if r == 1:
-                    ref[b] = 0
-                    zero.append(b)
-                else:
+                if r > 1:
                     ref[b] = r - 1
                     if r == 2:
                         self._nshared -= 1
-            tail += reversed(zero)
+            tail += [b for b, r in zip(reversed(hashed), reversed(refs)) if r == 1]
         self._queue += tail
         if head:
             head.reverse()   # the stack's last entry is the head: the first freed
