@@ -41,7 +41,7 @@ from schedsim.cost.profile import load_profile, save_profile
 from schedsim.live.driver import run_live, write_live_outputs
 from schedsim.live.engines.ort_live import OrtRunner, build_encoder_onnx
 from schedsim.live.validate import validate_dirs
-from schedsim.profiling.host_variation import measure as measure_host_variation
+from schedsim.profiling.host_variation import combine, measure as measure_host_variation, relative_to
 from schedsim.profiling.measure import machine_metadata
 from schedsim.run.runner import execute, load_inputs
 from schedsim.run.spec import RunSpec, policy_config
@@ -58,6 +58,9 @@ def _fidelity_cpu():
 
 
 FID = _fidelity_cpu()
+_spec = importlib.util.spec_from_file_location("host_sessions", Path(__file__).with_name("host_sessions.py"))
+SESSIONS = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(SESSIONS)
 SEQ_LEN, MAX_BATCH = FID.SEQ_LEN, FID.MAX_BATCH
 
 # (name, policy, params, load as a fraction of the policy's capacity on the profile)
@@ -73,29 +76,34 @@ CELLS = [
 FIGURES = ("p50", "p90", "p99", "mean", "throughput")
 
 
-def probe_ms(runner, seconds: float = 0.5) -> float:
-    """Median batch-1 call back to back for ``seconds``: the host's speed now."""
+def probe_ms(runner, seconds: float = 1.0) -> dict:
+    """Batch-1 calls back to back for ``seconds``, median and mean (ms): the host's speed now."""
     ids = np.random.default_rng(0).integers(1000, 30522, size=(1, SEQ_LEN))
     took, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
         runner.infer(1, SEQ_LEN, ids)
         took.append(time.perf_counter() - t0)
-    return float(np.median(took) * 1e3)
+    return {"batch1_median_ms": float(np.median(took) * 1e3), "batch1_mean_ms": float(np.mean(took) * 1e3)}
 
 
 def profile(runner, out: Path, rng, *, host_rounds: int, host_round_s: float, host_pause_s: float, min_iters: int,
-            min_time_s: float, seed: int) -> Path:
-    """The profile with its host-variation record; returns its CSV path."""
+            min_time_s: float, seed: int, host_records: tuple = ()) -> Path:
+    """The profile with its host-variation record (pooled with ``host_records``, earlier
+    records of the same call on this machine, after its own: the timeline is relative to
+    the host as it was when this table was measured); returns its CSV path."""
     import contextlib
 
     parts = [FID.measure_samples(runner, rng, min_iters=min_iters, min_time_s=min_time_s)]
     factory = lambda i: contextlib.nullcontext(runner)  # noqa: E731
     gap_us = FID.calibrate_dispatch_us(factory, float(parts[0][1].mean()), seed + 99)
-    ids = rng.integers(1000, 30522, size=(1, SEQ_LEN))
-    record = measure_host_variation(lambda: (runner.infer(1, SEQ_LEN, ids), None)[1], rounds=host_rounds,
+    record = measure_host_variation(SESSIONS.idle_call(runner, rng), rounds=host_rounds,
                                     round_s=host_round_s, window_s=0.25, pause_s=host_pause_s,
-                                    what=f"one batch of 1 at seq_len {SEQ_LEN}, wall time around the call")
+                                    what=f"one batch of 1 at seq_len {SEQ_LEN} after 0-1 ms idle, wall time around the call")
+    # The timeline over the table's own batch-1 mean (the same call): how much slower than the table.
+    record = relative_to(record, float(parts[0][1].mean()), "the table's mean at batch 1")
+    if host_records:
+        record = combine([record, *(json.loads(Path(p).read_text()) for p in host_records)])
     path = FID.save_measured_profile(parts, out / "profile", gap_us)
     prof = load_profile(path)
     meta = dict(prof.meta) | {"host_variation": record}
@@ -110,7 +118,7 @@ def capacity_rps(cost: CostModel, policy: str, params: dict) -> float:
 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float = 0.5, seed: int = 0,
         host_rounds: int = 5, host_round_s: float = 2.0, host_pause_s: float = 15.0, round_pause_s: float = 5.0,
-        min_iters: int = 200, min_time_s: float = 0.2, cells=CELLS) -> pd.DataFrame:
+        min_iters: int = 200, min_time_s: float = 0.2, cells=CELLS, host_records: tuple = ()) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     probes = []
@@ -120,10 +128,10 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
             import contextlib
 
             factory = lambda i: contextlib.nullcontext(runner)  # noqa: E731
-            probes.append({"when": "before profile", "t_s": 0.0, "batch1_ms": probe_ms(runner)})
+            probes.append({"when": "before profile", "t_s": 0.0, **probe_ms(runner)})
             t_start = time.monotonic()
             prof_path = profile(runner, out, rng, host_rounds=host_rounds, host_round_s=host_round_s, host_pause_s=host_pause_s,
-                                min_iters=min_iters, min_time_s=min_time_s, seed=seed)
+                                min_iters=min_iters, min_time_s=min_time_s, seed=seed, host_records=host_records)
             cost = CostModel.from_profile(load_profile(prof_path))
             specs = []
             for i, (name, policy, params, load) in enumerate(cells):
@@ -140,7 +148,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
                 if r:
                     time.sleep(round_pause_s)
                 probes.append({"when": f"before round {r + 1}", "t_s": time.monotonic() - t_start,
-                               "batch1_ms": probe_ms(runner)})
+                               **probe_ms(runner)})
                 for name, _, _, spec in specs:
                     inputs = load_inputs(spec)
                     live, extra = run_live(inputs.requests, inputs.policy, factory, warmup_s=warmup_s,
@@ -151,7 +159,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
                     write_live_outputs(out / name / f"live-{r + 1}", live, inputs.trace.request_id, summary, extra,
                                        {"backend": "onnxruntime", "model": "bert-tiny", "cell": name})
             probes.append({"when": "after the live rounds", "t_s": time.monotonic() - t_start,
-                           "batch1_ms": probe_ms(runner)})
+                           **probe_ms(runner)})
     rows = []
     for name, load, rate, spec in specs:
         lives = [out / name / f"live-{r + 1}" for r in range(rounds)]
@@ -170,7 +178,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
     table.to_csv(out / "cells.csv", index=False, float_format="%.4g")
     meta = json.loads(prof_path.with_suffix(".json").read_text())
     (out / "summary.json").write_text(json.dumps({
-        "totals": totals(table), "host_variation": meta["host_variation"], "probes": probes,
+        "totals": totals(table), "probes": probes,
+        "host_variation": {k: v for k, v in meta["host_variation"].items() if k != "window_factors"},
         "profile_batch1_ms": float(load_profile(prof_path).table.iloc[0]["latency_ms_p50"]),
         "machine": machine_metadata(probe_torch=False)}, indent=2, default=str))
     return table
@@ -202,10 +211,12 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pause-s", type=float, default=15.0,
                     help="pause between the host-variation rounds: spread them over minutes, as live runs are")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--host-records", type=Path, nargs="*", default=(),
+                    help="earlier host-variation records of this machine (host_sessions.py) to pool with the profile's")
     args = ap.parse_args(argv)
     table = run(args.out, rounds=args.rounds, duration_s=args.duration_s, round_pause_s=args.round_pause_s,
                 host_rounds=args.host_rounds, host_round_s=args.host_round_s, host_pause_s=args.host_pause_s,
-                seed=args.seed)
+                seed=args.seed, host_records=tuple(args.host_records))
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.drop(columns=["live_runs"]).to_string(index=False))
     print(json.dumps(totals(table), indent=2))

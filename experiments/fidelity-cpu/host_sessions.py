@@ -3,7 +3,8 @@
 One profiling process sees the host in one state; on a shared machine the state changes
 over tens of minutes as other work starts and stops. This measures the record of
 ``schedsim profile --host-variation-s`` (:func:`schedsim.profiling.host_variation.measure`
-on bert-tiny's batch-1 call under ONNX Runtime, 1 thread) every ``--every-s`` seconds,
+on bert-tiny's batch-1 call under ONNX Runtime, 1 thread, after the idle gaps the CPU
+table's profile leaves between calls) every ``--every-s`` seconds,
 ``--sessions`` times, each into OUT/session-N.json, for ``bands_cpu.py --host-records``
 to pool with the profile's own record (:func:`schedsim.profiling.host_variation.combine`).
 
@@ -27,6 +28,22 @@ from schedsim.profiling.host_variation import measure
 SEQ_LEN = 32
 
 
+def idle_call(runner, rng: np.random.Generator):
+    """Batch 1 after an idle gap of 0-1 ms, timed alone: the call the CPU table's profile
+    times (fidelity_cpu.measure_samples), so that a round's mean compares with the table's."""
+    ids = rng.integers(1000, 30522, size=(1, SEQ_LEN))
+    idle = rng.uniform(0.0, 1e-3, size=100_000)
+    k = iter(range(10**12))
+
+    def call() -> float:
+        time.sleep(idle[next(k) % idle.size])
+        t0 = time.perf_counter()
+        runner.infer(1, SEQ_LEN, ids)
+        return time.perf_counter() - t0
+
+    return call
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -37,15 +54,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pause-s", type=float, default=15.0)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    ids = np.random.default_rng(0).integers(1000, 30522, size=(1, SEQ_LEN))
     with tempfile.TemporaryDirectory() as tmp:
         model = build_encoder_onnx("bert-tiny", Path(tmp) / "bert-tiny.onnx")
         with OrtRunner(model, intra_op_threads=1, vocab=30522) as runner:
             for k in range(args.sessions):
                 start = time.monotonic()
-                rec = measure(lambda: (runner.infer(1, SEQ_LEN, ids), None)[1], rounds=args.rounds,
+                rec = measure(idle_call(runner, np.random.default_rng(k)), rounds=args.rounds,
                               round_s=args.round_s, window_s=0.25, pause_s=args.pause_s,
-                              what=f"one batch of 1 at seq_len {SEQ_LEN}, wall time around the call")
+                              what=f"one batch of 1 at seq_len {SEQ_LEN} after 0-1 ms idle, wall time around the call")
                 rec["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 (args.out / f"session-{k + 1}.json").write_text(json.dumps(rec, indent=1))
                 print(rec["measured_at"], "round means ms", rec["round_means_ms"], flush=True)

@@ -14,7 +14,8 @@ windows of ``window_s`` by start time and each window gives its median.
   ``window_s`` scale. A run spanning T seconds averages about T / window_s such windows, so
   the band scales this variance by ``window_s / T`` (see :func:`schedsim.run.bands.host_sigma`).
 - The timeline, from **means**: ``round_factors`` (each round's mean call time over
-  ``reference_ms``, the rounds' mean: the host as it was when the profile was measured)
+  ``reference_ms``: the table's own mean for the call, :func:`relative_to`, as ``schedsim
+  profile`` records it; else the rounds' mean)
   and ``window_factors`` (per round, each window's mean call time over its round's mean,
   in time order), with their spreads ``between_runs_cv_mean`` and ``within_run_cv_mean``. A queue feels the mean: a call descheduled for 20 ms holds every
   request behind it, and slow spells come in runs of windows, which a median and a
@@ -118,6 +119,21 @@ def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, 
     return record
 
 
+def relative_to(record: dict, reference_ms: float, what: str) -> dict:
+    """``record`` with its timeline's rounds over ``reference_ms``: the cost table's own mean
+    for the timed call, measured the same way (``what`` says which), so that a round factor
+    is how much slower than the table the host ran. Without it the rounds' own mean is the
+    reference, and a table measured in a busier or quieter minute than the rounds is off by
+    the difference."""
+    if not (isinstance(reference_ms, (int, float)) and math.isfinite(reference_ms) and reference_ms > 0):
+        raise InputError(f"host variation: reference {reference_ms!r} ms is not valid; expected a positive number")
+    if "round_means_ms" not in record:
+        return record
+    means = np.asarray(record["round_means_ms"], dtype=float)
+    return record | {"reference_ms": float(reference_ms), "reference": what,
+                     "round_factors": (means / reference_ms).round(5).tolist()}
+
+
 def combine(records: list[dict]) -> dict:
     """One record from several of the same call (other machines, other days): between-runs
     from all their rounds' medians together; within-run the root mean square. The
@@ -142,6 +158,8 @@ def combine(records: list[dict]) -> dict:
         means = np.asarray([m for r in records for m in r["round_means_ms"]], dtype=float)
         factors = [w for r in records for w in r["window_factors"]]
         reference = float(records[0].get("reference_ms") or np.mean(records[0]["round_means_ms"]))
+        if records[0].get("reference"):
+            out["reference"] = records[0]["reference"]
         out |= {"between_runs_cv_mean": float(means.std(ddof=1) / means.mean()),
                 "within_run_cv_mean": float(np.std([v for w in factors for v in w], ddof=1)),
                 "round_means_ms": means.tolist(), "reference_ms": reference,

@@ -396,7 +396,7 @@ def run_profile(spec: ProfileSpec, out: str | os.PathLike, progress: Progress | 
             dispatch = _dispatch_gaps(runners[0], spec, progress)
             extras["power_cap"] = _power_cap(runners[0], spec, progress)
             extras["pair_slowdown"] = _pair_slowdown(runners, spec, progress)
-            extras["host_variation"] = _host_variation(runners[0], spec, progress)
+            extras["host_variation"] = _host_variation(runners[0], spec, progress, results.get(spec.cells[0]))
         except BaseException as exc:  # noqa: BLE001 - keep the cells, then re-raise
             error = exc
     warnings = [w for r in runners for w in getattr(r, "warnings", [])] + backend.notes
@@ -581,19 +581,22 @@ def _power_cap(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
     return {"power_cap": measured} if spread > POWER_CAP_MIN_SPREAD else {"power_cap_measured": measured}
 
 
-def _host_variation(runner, spec: ProfileSpec, progress: Progress) -> dict | None:
+def _host_variation(runner, spec: ProfileSpec, progress: Progress, cell=None) -> dict | None:
     """How the host's speed moves between and within runs, on the smallest cell (5 rounds of
-    ``spec.host_variation_s`` seconds): :func:`schedsim.profiling.host_variation.measure`."""
+    ``spec.host_variation_s`` seconds): :func:`schedsim.profiling.host_variation.measure`,
+    its timeline over the table's mean for that cell (``cell``, its measurement)."""
     if spec.host_variation_s <= 0:
         return None
-    from schedsim.profiling.host_variation import measure
+    from schedsim.profiling.host_variation import measure, relative_to
 
     b, s = spec.cells[0]
     progress.note(f"host variation: 5 rounds of {spec.host_variation_s:g} s at batch={b} seq_len={s}")
     runner.prepare(b, s)
-    return measure(lambda: (runner.infer(b, s), None)[1], rounds=5, round_s=spec.host_variation_s,
-                   window_s=min(0.25, spec.host_variation_s / 4), pause_s=min(0.5, spec.host_variation_s / 4),
-                   what=f"one batch of {b} at seq_len {s}, wall time around the call")
+    record = measure(lambda: (runner.infer(b, s), None)[1], rounds=5, round_s=spec.host_variation_s,
+                     window_s=min(0.25, spec.host_variation_s / 4), pause_s=min(0.5, spec.host_variation_s / 4),
+                     what=f"one batch of {b} at seq_len {s}, wall time around the call")
+    table_ms = _stats(cell)["latency_ms_mean"] if cell is not None and len(cell.latency_ms) else None
+    return record if table_ms is None else relative_to(record, table_ms, f"the table's mean at batch {b}, seq_len {s}")
 
 
 def pair_sizes(spec: ProfileSpec) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from schedsim.cost.profile import default_profile_path
 from schedsim.errors import InputError
-from schedsim.profiling.host_variation import combine, measure, summarise
+from schedsim.profiling.host_variation import combine, measure, relative_to, summarise
 from schedsim.run.runner import execute
 from schedsim.run.spec import RunSpec
 from cli_helpers import ROOT, schedsim
@@ -92,6 +92,12 @@ def test_bad_settings_and_combining():
     assert pooled["between_runs_cv_mean"] == pytest.approx(np.std([1.0, 1.1, 1.3], ddof=1) / np.mean([1.0, 1.1, 1.3]))
     # Relative to the first record's host (the profile's own): its rounds' mean, 1.05 ms.
     assert pooled["reference_ms"] == pytest.approx(1.05)
+    # Over the table's own mean for the call: how much slower than the table the host ran.
+    table = relative_to(ta, 0.8, "the table's mean at batch 1")
+    assert table["round_factors"] == pytest.approx([1.25, 1.375]) and table["reference"].startswith("the table")
+    assert combine([table, tb])["round_factors"] == pytest.approx([1.25, 1.375, 1.625])
+    with pytest.raises(InputError, match="reference"):
+        relative_to(ta, 0.0, "nothing")
     assert pooled["round_factors"] == pytest.approx(np.array([1.0, 1.1, 1.3]) / 1.05, abs=1e-5)
 
 
@@ -113,6 +119,13 @@ def test_a_host_variation_record_widens_the_runs_band(tmp_path):
     assert hosty["band"]["host_sigma"] > 0.05 and any("host speed" in x for x in hosty["band"]["sources"])
 
 
+def _table_columns(path, *names):
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    return [table[n].tolist() for n in names]
+
+
 def test_profile_records_host_variation_on_a_cpu_engine(tmp_path):
     pytest.importorskip("onnxruntime")
     out = tmp_path / "p.csv"
@@ -124,6 +137,11 @@ def test_profile_records_host_variation_on_a_cpu_engine(tmp_path):
     assert rec["rounds"] == 5 and rec["calls"] > 5 and rec["between_runs_cv"] >= 0 and rec["within_run_cv"] >= 0
     assert rec["window_s"] == pytest.approx(0.05) and "batch of 1" in rec["call"]
     assert len(rec["window_factors"]) == 5 and len(rec["round_factors"]) == 5 and rec["within_run_cv_mean"] >= 0
+    table = json.loads(out.with_suffix(".json").read_text())
+    rows = {int(b): m for b, m in zip(*_table_columns(out, "batch", "latency_ms_mean"))}
+    assert rec["reference_ms"] == pytest.approx(rows[1]) and "batch 1" in rec["reference"]
+    assert rec["round_factors"] == pytest.approx(np.asarray(rec["round_means_ms"]) / rows[1], rel=1e-4)
+    assert table["host_variation"] == rec
     bad = schedsim("profile", "--backend", "onnxruntime", "--model", "builtin:bert-tiny", "--host-variation-s", "-1",
                    "--out", tmp_path / "q.csv")
     assert bad.returncode == 2 and "--host-variation-s" in bad.stderr
