@@ -3,11 +3,18 @@ against Ray, on this machine.
 
     python benchmarks/bench_sweep.py              # about 2 minutes on 2 cores
     python benchmarks/bench_sweep.py --cells 20   # a quicker look
+    python benchmarks/bench_sweep.py --requests 1000000 --cells 20 --rounds 3 --no-ray   # serial and local in turn
 
 Each executor runs the same sweep (in-process ``run_sweep``, as ``schedsim sweep`` does,
 without plots) and the ranked outputs are compared byte for byte. Ray is started locally
 with ``num_cpus`` = the core count; its start-up is timed separately. One serial run
 (``--workers 1``, no pool) gives the baseline. Writes benchmarks/results/bench_sweep.json.
+
+``--rounds N`` runs serial and local N times each, in turn (serial, local, serial, ...), so
+that load from other work that rises or falls during the benchmark falls on both alike; the
+figure is then the ratio of their median wall times, with each round's own ratio, the
+1-minute load average around each run and the CPU time of the calling process and of its
+(joined) workers.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import argparse
 import json
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +41,7 @@ def main() -> None:
     ap.add_argument("--cells", type=int, default=100, help="a multiple of 5 (default 100)")
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="serial and local this many times each, in turn")
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_sweep.json")
     args = ap.parse_args()
 
@@ -55,20 +65,32 @@ def main() -> None:
                      "trace": "schedsim " + " ".join(gen[:-2]), "grid": grid_items, "slo": "p99_ms<=3",
                      "runs": {}}
 
-    def timed(name: str, **changes) -> None:
+    def timed(name: str, **changes) -> dict:
         out = tmp / name
         load0 = os.getloadavg()[0]
+        own0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         run_sweep(SweepSpec(**{**vars(spec), **changes, "out": out}))
         wall = time.perf_counter() - t0
-        figures["runs"][name] = {"wall_s": wall, "cells_per_s": args.cells / wall,
-                                 "load_before": load0, "load_after": os.getloadavg()[0]}
-        print(f"{name:>16}: {wall:7.2f} s, {args.cells / wall:6.2f} cells/s", flush=True)
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = {"wall_s": wall, "cells_per_s": args.cells / wall,
+               "cpu_s_caller": own.ru_utime + own.ru_stime - own0.ru_utime - own0.ru_stime,
+               "cpu_s_workers": max(0.0, kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime),
+               "load_before": load0, "load_after": os.getloadavg()[0]}
+        figures["runs"][name] = run
+        print(f"{name:>16}: {wall:7.2f} s, {args.cells / wall:6.2f} cells/s, CPU {run['cpu_s_caller']:.2f} s "
+              f"+ workers {run['cpu_s_workers']:.2f} s, load {load0:.2f} -> {run['load_after']:.2f}", flush=True)
+        return run
 
-    timed("serial", workers=1)
-    timed("local", executor="local", workers=cores)
-    figures["local_over_serial"] = figures["runs"]["serial"]["wall_s"] / figures["runs"]["local"]["wall_s"]
-    print(f"{'local / serial':>16}: {figures['local_over_serial']:7.2f}x", flush=True)
+    rounds = []
+    for r in range(max(1, args.rounds)):
+        suffix = "" if r == 0 else f" {r + 1}"
+        rounds.append((timed("serial" + suffix, workers=1), timed("local" + suffix, executor="local", workers=cores)))
+    walls = [(s["wall_s"], loc["wall_s"]) for s, loc in rounds]
+    figures["local_over_serial"] = statistics.median(s for s, _ in walls) / statistics.median(x for _, x in walls)
+    figures["local_over_serial_by_round"] = [s / x for s, x in walls]
+    print(f"{'local / serial':>16}: {figures['local_over_serial']:7.2f}x (medians of {len(rounds)}; rounds: "
+          + ", ".join(f"{s / x:.2f}x" for s, x in walls) + ")", flush=True)
     if not args.no_ray:
         import ray
 
