@@ -125,11 +125,13 @@ def test_bad_speculative_configs_are_input_errors(text, error):
         PagedKV(num_gpu_blocks=64, speculative_config=text)
 
 
-def test_the_live_engines_refuse_speculative_decoding():
+def test_the_live_driver_needs_a_draft_engine_for_a_model_method():
+    # The live engine runs speculative decoding (tests/unit/live/test_llm_speculative.py);
+    # a model-drafting method without a draft engine is refused.
     from schedsim.live.llm_driver import _Driver
 
     policy = PagedKV(num_gpu_blocks=64, speculative_config=spec(2, rate=0.5))
-    with pytest.raises(InputError, match="simulated only"):
+    with pytest.raises(ValueError, match="draft engine"):
         _Driver(llm_requests([0], [4], [2]), policy, None, seed=0, spin_ns=0, clock=None)
 
 
