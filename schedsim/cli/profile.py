@@ -229,7 +229,7 @@ class _RichStepProgress:
 
 @app.command("llm")
 def llm(
-    model: Annotated[str, typer.Option(help="builtin:llama-1b or builtin:llama-tiny (random weights).")] = "builtin:llama-1b",
+    model: Annotated[str, typer.Option(help="builtin:llama-1b or builtin:llama-tiny (random weights), or their speculative-decoding drafts builtin:llama-1b-draft, builtin:llama-tiny-draft.")] = "builtin:llama-1b",
     dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
     device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu (default: cuda if available).")] = None,
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay decode-only steps as CUDA graphs.")] = True,
