@@ -76,3 +76,36 @@ def test_overlap_needs_an_engine_that_packs_steps_apart(models):
     policy = build_policy("paged-kv", {"block_size": BS, "num_gpu_blocks": 24})
     with pytest.raises(ValueError, match="prepare, run and set_tokens"):
         run_live_llm(req, policy, NullLLMEngine(24, BS, 256), engine_warmup=False, overlap=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", ["paged-recompute", "paged-speculative"])
+def test_overlapped_loop_on_cuda_graphs_takes_the_serial_loops_tokens(case):
+    """On CUDA the overlapped loop packs a decode step for a graph replay while the step
+    before runs, and writes the placeholders in before the replay copies its inputs."""
+    from schedsim.live.engines.decoder import build_decoder
+    from schedsim.live.engines.llm_engine import draft_engine
+
+    name, params = CASES[case]
+    model = build_decoder("llama-tiny", "cuda", torch.float32, seed=0)
+    req = burst(n=16)
+    out = {}
+    for overlap in (False, True):
+        policy = build_policy(name, {"block_size": BS, "num_gpu_blocks": 24} | {k: v for k, v in params.items()
+                                                                                 if k != "num_blocks"})
+        with PagedLLMEngine("llama-tiny", 24, BS, "cuda", torch.float32, model=model, cuda_graphs=True,
+                            max_context=256) as eng:
+            draft = draft_engine(eng) if policy.speculative is not None else None
+            if draft is not None:
+                draft.__enter__()
+            try:
+                result, extra = run_live_llm(req, policy, eng, keep_tokens=True, draft=draft, overlap=overlap)
+            finally:
+                if draft is not None:
+                    draft.__exit__(None, None, None)
+        assert (result.status == COMPLETED).all() and extra["graph_steps"] > 0
+        out[overlap] = (result, extra["tokens"])
+    np.testing.assert_array_equal(out[True][0].step_tokens, out[False][0].step_tokens)
+    for r in range(len(req)):
+        np.testing.assert_array_equal(out[True][1].tokens(r), out[False][1].tokens(r), err_msg=f"row {r}")
