@@ -193,10 +193,11 @@ class KVCacheManager:
         limit = min(len(keys), (num_tokens - 1) // self.block_size)
         cache = self._cache
         hits = 0
-        for key in keys[:limit]:
-            if key not in cache:
-                break
-            hits += 1
+        if limit and keys[0] in cache:   # (most lookups miss at once: no list of keys then)
+            for key in keys[:limit]:
+                if key not in cache:
+                    break
+                hits += 1
         tokens = hits * self.block_size
         if count:
             self.hit_tokens += tokens

@@ -76,15 +76,15 @@ class BlockKeys:
     def __init__(self, requests: Requests, row: int, block_size: int):
         self.row, self.block_size = row, block_size
         self.prompt = int(requests.input_tokens[row])
-        ids = np.empty(0, np.int64)
-        if requests.hash_ids is not None:
-            lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
-            ids = np.asarray(requests.hash_ids[lo:hi], dtype=np.int64)
-        self.ids = ids.tolist()
         self.per_id = int(requests.hash_block_tokens)
+        self.ids, self.leading, self.shared = [], [], 0
+        if requests.hash_ids is None:
+            return
+        lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
+        ids = np.asarray(requests.hash_ids[lo:hi], dtype=np.int64)
+        self.ids = ids.tolist()
         # Block j has a hash-id key when (j + 1) * block_size <= min(prompt, ids * per_id).
         self.shared = shared = min(self.prompt, len(self.ids) * self.per_id) // block_size
-        self.leading: list = []
         if shared:
             j = np.arange(shared, dtype=np.int64)
             covering = ids[((j + 1) * block_size - 1) // self.per_id]
