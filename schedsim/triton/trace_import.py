@@ -94,8 +94,14 @@ def _records(path: Path):
             i += 1
         return i
 
+    seen = [0, 1]  # (offset, its line): records come in order, so count each newline once
+
     def line(i):
-        return text.count("\n", 0, i) + 1
+        if i < seen[0]:
+            return text.count("\n", 0, i) + 1
+        seen[1] += text.count("\n", seen[0], i)
+        seen[0] = i
+        return seen[1]
 
     i = skip(0)
     if i == n:
