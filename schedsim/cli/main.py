@@ -225,7 +225,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
-    if argv is None:
+    if argv is None and sys.argv[1:2] == ["run"]:
         _reuse_freed_memory()
     try:
         return _main(argv)
@@ -238,11 +238,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reuse_freed_memory() -> None:
-    """With glibc, when run as the program: keep freed blocks of up to 256 MiB in the heap for
-    reuse instead of handing each back to the kernel. A run allocates and frees columns of
-    millions of rows one after another, and every fresh block costs a page fault per 4 KiB
-    page when first written: 0.03-0.07 s of system time in a 2,000,000-request run (3-9% of
-    its CPU time), for about the same peak memory. The process exits soon after."""
+    """With glibc, for ``schedsim run`` run as the program: keep freed blocks of up to 256 MiB
+    in the heap for reuse instead of handing each back to the kernel. A run allocates and frees
+    columns of millions of rows one after another, and every fresh block costs a page fault per
+    4 KiB page when first written: 0.03-0.07 s of system time in a 2,000,000-request run (3-9%
+    of its CPU time), for about the same peak memory. The process exits soon after (long-running
+    commands such as ``live`` keep glibc's defaults)."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return
