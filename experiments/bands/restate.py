@@ -75,25 +75,49 @@ def band_row(cell: str, metric: str, predicted: float, lo: float, hi: float, liv
             "live_runs": json.dumps([round(v, 6) for v in live])}
 
 
-def profile_with_host_cv(tmp: Path, between: float, within: float, window_s: float = 0.25) -> Path:
-    """A copy of the bundled profile whose sidecar carries a host_variation record with these
-    figures: a sensitivity check of the band, not a measurement."""
+def profile_with_record(tmp: Path, record: dict) -> Path:
+    """A copy of the bundled profile (with the contention profiles its sidecar names) whose
+    sidecar carries ``record`` as its host_variation."""
     import shutil
 
     from schedsim.cost.profile import default_profile_path
 
     src = default_profile_path()
-    for f in src.parent.glob("bert-base-fp16-cg-*"):   # with the contention profiles its sidecar names
+    for f in src.parent.glob("bert-base-fp16-cg-*"):
         shutil.copy(f, tmp / f.name)
     side = tmp / (src.stem + ".json")
     meta = json.loads(side.read_text())
-    meta["host_variation"] = {"between_runs_cv": between, "within_run_cv": within, "window_s": window_s,
-                              "method": "assumed (restate.py --host-cv): a sensitivity check, not measured"}
+    meta["host_variation"] = record
     side.write_text(json.dumps(meta))
     return tmp / src.name
 
 
-def request_level(replications: int, only: str, host_cv: tuple | None = None) -> pd.DataFrame:
+def profile_with_host_cv(tmp: Path, between: float, within: float, window_s: float = 0.25) -> Path:
+    """A copy of the bundled profile whose sidecar carries a host_variation record with these
+    figures: a sensitivity check of the band, not a measurement."""
+    return profile_with_record(tmp, {"between_runs_cv": between, "within_run_cv": within, "window_s": window_s,
+                                     "method": "assumed (restate.py --host-cv): a sensitivity check, not measured"})
+
+
+def profile_with_host_records(tmp: Path, paths: list[Path]) -> Path:
+    """A copy of the bundled profile with these measured records (sidecars of ``schedsim
+    profile --batch-sizes 1 --seq-lens 128 --host-variation-s 2`` on the serving machines, or
+    bare records) pooled, the timeline over the bundled table's own batch-1 mean: how much
+    slower than the bundled table each measured round ran."""
+    from schedsim.cost.profile import default_profile_path, load_profile
+    from schedsim.profiling.host_variation import combine, relative_to
+
+    records = []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        records.append(data.get("host_variation", data))
+    table = load_profile(default_profile_path()).table
+    first = table[(table.batch == 1) & (table.seq_len == SEQ_LEN)].iloc[0]
+    pooled = relative_to(combine(records), float(first.latency_ms_mean), f"the bundled table's mean at batch 1, seq_len {SEQ_LEN}")
+    return profile_with_record(tmp, pooled)
+
+
+def request_level(replications: int, only: str, host_cv: tuple | None = None, host_records=()) -> pd.DataFrame:
     import run_h200  # noqa: E402  (experiments/fidelity: make_arrivals, the cells' seeded traces)
     from cells import CELLS  # noqa: E402
 
@@ -104,7 +128,8 @@ def request_level(replications: int, only: str, host_cv: tuple | None = None) ->
     by_name = {c["name"]: c for c in CELLS}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        profile = profile_with_host_cv(Path(tmp), *host_cv) if host_cv else None
+        profile = (profile_with_host_cv(Path(tmp), *host_cv) if host_cv else
+                   profile_with_host_records(Path(tmp), host_records) if host_records else None)
         for _, p in pooled.iterrows():
             live = [p[c] for c in runs_cols if p[c] == p[c]]
             if len(live) < 3 or p.cell not in table.index or (only and only not in p.cell):
@@ -191,8 +216,13 @@ def main(argv=None) -> int:
     ap.add_argument("--host-cv", type=float, nargs=2, metavar=("BETWEEN", "WITHIN"),
                     help="request table: give the bundled profile an assumed host_variation record "
                          "(between-runs and within-run CV, 0.25 s windows): a sensitivity check")
+    ap.add_argument("--host-records", type=Path, nargs="+", default=(),
+                    help="request table: measured host-variation records (sidecars of schedsim profile "
+                         "--batch-sizes 1 --seq-lens 128 --host-variation-s 2 on the serving machines), pooled "
+                         "over the bundled table's batch-1 mean")
     args = ap.parse_args(argv)
-    df = request_level(args.replications, args.only, args.host_cv) if args.table == "request" else llm(args.only)
+    df = (request_level(args.replications, args.only, args.host_cv, args.host_records) if args.table == "request"
+          else llm(args.only))
     for line in summary_lines(df):
         print(line)
     if args.out:

@@ -41,7 +41,7 @@ from schedsim.cost.profile import load_profile, save_profile
 from schedsim.live.driver import run_live, write_live_outputs
 from schedsim.live.engines.ort_live import OrtRunner, build_encoder_onnx
 from schedsim.live.validate import validate_dirs
-from schedsim.profiling.host_variation import combine, measure as measure_host_variation, relative_to
+from schedsim.profiling.host_variation import combine, from_batches, measure as measure_host_variation, relative_to
 from schedsim.profiling.measure import machine_metadata
 from schedsim.run.runner import execute, load_inputs
 from schedsim.run.spec import RunSpec, policy_config
@@ -50,17 +50,15 @@ from schedsim.traces.io import save_trace
 from schedsim.traces.table import Trace
 
 
-def _fidelity_cpu():
-    spec = importlib.util.spec_from_file_location("fidelity_cpu", Path(__file__).with_name("fidelity_cpu.py"))
+def _sibling(name: str):
+    """A script beside this one, as a module."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-FID = _fidelity_cpu()
-_spec = importlib.util.spec_from_file_location("host_sessions", Path(__file__).with_name("host_sessions.py"))
-SESSIONS = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(SESSIONS)
+FID, SESSIONS, FACTORS = _sibling("fidelity_cpu"), _sibling("host_sessions"), _sibling("host_factors")
 SEQ_LEN, MAX_BATCH = FID.SEQ_LEN, FID.MAX_BATCH
 
 # (name, policy, params, load as a fraction of the policy's capacity on the profile)
@@ -111,6 +109,44 @@ def profile(runner, out: Path, rng, *, host_rounds: int, host_round_s: float, ho
     return path
 
 
+def host_from_live(runner, out: Path, prof_path: Path, cells, *, rounds: int, duration_s: float, warmup_s: float,
+                   seed: int) -> dict:
+    """The host record from calibration live runs (the cells' policies and loads on traces of
+    other seeds, ``rounds`` rounds): :func:`schedsim.profiling.host_variation.from_batches`,
+    written into the profile's sidecar in place of the timed call's record (kept as
+    ``host_variation_call``)."""
+    import contextlib
+
+    out.mkdir(parents=True, exist_ok=True)
+    factory = lambda i: contextlib.nullcontext(runner)  # noqa: E731
+    prof = load_profile(prof_path)
+    cost = CostModel.from_profile(prof)
+    mean_ms = dict(zip(prof.table.batch.astype(int), prof.table.latency_ms_mean))
+    runs = []
+    for r in range(rounds):
+        for i, (name, policy, params, load) in enumerate(cells):
+            rate = load * capacity_rps(cost, policy, params)
+            arrivals = poisson(rate, rng=np.random.default_rng(seed + 1000 + 100 * r + i), duration_s=duration_s)
+            trace = Trace.from_arrivals(arrivals, seq_len=np.full(len(arrivals), SEQ_LEN))
+            spec = RunSpec(trace=save_trace(trace, out / f"calibration-{name}-{r + 1}.csv"), policy=policy,
+                           params=params, warmup_s=warmup_s)
+            inputs = load_inputs(spec)
+            live, extra = run_live(inputs.requests, inputs.policy, factory, warmup_s=warmup_s, engine_warmup=1,
+                                   default_seq_len=SEQ_LEN)
+            d = out / f"calibration-{name}-{r + 1}"
+            write_live_outputs(d, live, inputs.trace.request_id, summarize(live, warmup_s), extra,
+                               {"backend": "onnxruntime", "model": "bert-tiny", "cell": f"calibration {name}"})
+            b, ratio = FACTORS.batches(d, mean_ms, warmup_s)
+            runs.append((b.issue_s.to_numpy(), ratio))
+    record = from_batches(runs, 0.25, f"the batches of {len(runs)} calibration live runs (the cells' policies and "
+                                      "loads, other traces), engine time over the table's mean for the size")
+    meta = dict(prof.meta)
+    meta["host_variation_call"] = meta.get("host_variation")
+    meta["host_variation"] = record
+    save_profile(prof.table, meta, prof_path, samples=prof.samples)
+    return record
+
+
 def capacity_rps(cost: CostModel, policy: str, params: dict) -> float:
     b = 1 if policy == "none" else params.get("max_batch_size", params.get("batch_size", 1))
     return b / cost.mean_s(b, SEQ_LEN)
@@ -118,7 +154,8 @@ def capacity_rps(cost: CostModel, policy: str, params: dict) -> float:
 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float = 0.5, seed: int = 0,
         host_rounds: int = 5, host_round_s: float = 2.0, host_pause_s: float = 15.0, round_pause_s: float = 5.0,
-        min_iters: int = 200, min_time_s: float = 0.2, cells=CELLS, host_records: tuple = ()) -> pd.DataFrame:
+        min_iters: int = 200, min_time_s: float = 0.2, cells=CELLS, host_records: tuple = (),
+        host_from_live_rounds: int = 0) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     probes = []
@@ -132,6 +169,9 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
             t_start = time.monotonic()
             prof_path = profile(runner, out, rng, host_rounds=host_rounds, host_round_s=host_round_s, host_pause_s=host_pause_s,
                                 min_iters=min_iters, min_time_s=min_time_s, seed=seed, host_records=host_records)
+            if host_from_live_rounds:
+                host_from_live(runner, out / "calibration", prof_path, cells, rounds=host_from_live_rounds,
+                               duration_s=duration_s, warmup_s=warmup_s, seed=seed)
             cost = CostModel.from_profile(load_profile(prof_path))
             specs = []
             for i, (name, policy, params, load) in enumerate(cells):
@@ -180,6 +220,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 6.0, warmup_s: float 
     (out / "summary.json").write_text(json.dumps({
         "totals": totals(table), "probes": probes,
         "host_variation": {k: v for k, v in meta["host_variation"].items() if k != "window_factors"},
+        "host_variation_call": {k: v for k, v in (meta.get("host_variation_call") or {}).items()
+                                if k != "window_factors"},
         "profile_batch1_ms": float(load_profile(prof_path).table.iloc[0]["latency_ms_p50"]),
         "machine": machine_metadata(probe_torch=False)}, indent=2, default=str))
     return table
@@ -211,12 +253,15 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pause-s", type=float, default=15.0,
                     help="pause between the host-variation rounds: spread them over minutes, as live runs are")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--host-from-live", type=int, default=0, metavar="ROUNDS",
+                    help="take the host record from this many rounds of calibration live runs (the cells' "
+                         "policies and loads on traces of other seeds) instead of the timed call")
     ap.add_argument("--host-records", type=Path, nargs="*", default=(),
                     help="earlier host-variation records of this machine (host_sessions.py) to pool with the profile's")
     args = ap.parse_args(argv)
     table = run(args.out, rounds=args.rounds, duration_s=args.duration_s, round_pause_s=args.round_pause_s,
                 host_rounds=args.host_rounds, host_round_s=args.host_round_s, host_pause_s=args.host_pause_s,
-                seed=args.seed, host_records=tuple(args.host_records))
+                seed=args.seed, host_records=tuple(args.host_records), host_from_live_rounds=args.host_from_live)
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.drop(columns=["live_runs"]).to_string(index=False))
     print(json.dumps(totals(table), indent=2))

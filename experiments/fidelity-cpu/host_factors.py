@@ -23,10 +23,15 @@ import pandas as pd
 from schedsim.cost.profile import load_profile
 
 
-def run_factors(live_dir: Path, mean_ms: dict, window_s: float, warmup_s: float) -> dict:
+def batches(live_dir: Path, mean_ms: dict, warmup_s: float) -> tuple[pd.DataFrame, np.ndarray]:
+    """A live run's measured batches and each one's engine time over the table's mean for its size."""
     b = pd.read_csv(live_dir / "batches.csv")
     b = b[(b.status == "ok") & (b.issue_s >= warmup_s)]
-    ratio = b.host_ms.to_numpy() / b.samples.map(mean_ms).to_numpy()
+    return b, b.host_ms.to_numpy() / b.samples.map(mean_ms).to_numpy()
+
+
+def run_factors(live_dir: Path, mean_ms: dict, window_s: float, warmup_s: float) -> dict:
+    b, ratio = batches(live_dir, mean_ms, warmup_s)
     w = np.floor(b.issue_s.to_numpy() / window_s).astype(int)
     windows = pd.Series(ratio).groupby(w).mean()
     factor = float(ratio.mean())

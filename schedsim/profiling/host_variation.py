@@ -119,6 +119,23 @@ def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, 
     return record
 
 
+def from_batches(runs: list[tuple[np.ndarray, np.ndarray]], window_s: float = 0.25, what: str = "") -> dict:
+    """The record from served batches instead of a loop of one call: per live run, each
+    batch's start (s) and its engine time over the cost table's mean for its size. Each run
+    is a round, so ``round_factors`` are the runs' mean slowdowns against the table and
+    ``window_factors`` how they moved within each run; the times are in table units (1 ms =
+    the table's time), so ``reference_ms`` is 1. What the serving loop itself met: the
+    batches lose the CPU as the loop does, busy or waking, which a loop of one call does not
+    reproduce (a call after an idle gap is descheduled far less often than one of a busy loop)."""
+    samples = [(np.asarray(t, dtype=float) - float(np.min(t)), np.asarray(r, dtype=float) * 1e-3)
+               for t, r in runs if np.size(t)]
+    record = summarise(samples, window_s, what=what or "each live batch's engine time over the table's mean for its size")
+    record["method"] = ("from_batches(): each live run a round, each batch's engine time over the table's mean for "
+                        f"its size; between_runs_cv and the timeline from the runs' and the {window_s:g}-second "
+                        "windows' means and medians as in measure()")
+    return relative_to(record, 1.0, "the cost table (times in table units)")
+
+
 def relative_to(record: dict, reference_ms: float, what: str) -> dict:
     """``record`` with its timeline's rounds over ``reference_ms``: the cost table's own mean
     for the timed call, measured the same way (``what`` says which), so that a round factor

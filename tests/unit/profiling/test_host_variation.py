@@ -11,7 +11,7 @@ import pytest
 
 from schedsim.cost.profile import default_profile_path
 from schedsim.errors import InputError
-from schedsim.profiling.host_variation import combine, measure, relative_to, summarise
+from schedsim.profiling.host_variation import combine, from_batches, measure, relative_to, summarise
 from schedsim.run.runner import execute
 from schedsim.run.spec import RunSpec
 from cli_helpers import ROOT, schedsim
@@ -54,6 +54,17 @@ def test_the_timeline_counts_stalls_that_medians_leave_out():
     assert rec["round_means_ms"][1] == pytest.approx(1.039, rel=1e-6)
     assert rec["reference_ms"] == pytest.approx((1 + 1.039 + 1) / 3, rel=1e-6)
     assert rec["between_runs_cv_mean"] > 0.01 and rec["within_run_cv_mean"] > 0.01
+
+
+def test_a_record_from_served_batches_is_in_table_units():
+    """Two live runs' batches: one at the table's speed, one 1.5x slower with a 3x window."""
+    t = np.arange(0.0, 1.0, 0.01)
+    slow = np.where((t >= 0.25) & (t < 0.5), 3.0, 1.0)
+    rec = from_batches([(t + 5.0, np.ones_like(t)), (t, slow)], 0.25)
+    assert rec["reference_ms"] == 1.0 and rec["reference"].startswith("the cost table")
+    assert rec["round_factors"] == pytest.approx([1.0, 1.5])
+    assert rec["window_factors"][1] == pytest.approx([1 / 1.5, 2.0, 1 / 1.5, 1 / 1.5], rel=1e-4)
+    assert rec["window_factors"][0] == pytest.approx([1.0] * 4) and "from_batches" in rec["method"]
 
 
 def test_measure_times_each_call_with_the_given_clock():
