@@ -1,19 +1,17 @@
 """schedsim: simulate batching and scheduling policies for GPU inference serving.
 
-The package is split so that each piece can be read on its own:
+Subpackages, each readable on its own:
 
-- ``trace``      request traces (columnar), loaders and importers
-- ``profile``    measured cost tables (CSV + JSON provenance sidecar)
-- ``cost``       the cost model: how long a batch takes
-- ``policy``     the interface every batching policy implements (pure decisions)
-- ``events``     event priorities: completions before arrivals before decisions
-- ``simulate``   the simpy driver that turns decisions into timeouts
-- ``live``       the live driver: the same policies against a real engine, in real time
-- ``results``    the per-request table both drivers produce (no simpy)
-- ``metrics``    summaries computed from the per-request table
-- ``validate``   predicted against measured
-- ``profiler``   measuring engines into profiles (``engines/`` holds the backends)
-- ``cli``        the ``schedsim`` command
+- ``core``       the event core, the request-level and LLM simulation drivers, policy
+                 interfaces, per-request results and their summaries
+- ``cost``       measured cost tables (CSV + JSON provenance sidecar) and the cost models
+- ``profiling``  measuring engines into cost tables
+- ``live``       the live drivers (the same policies against real engines) and validation
+- ``traces``     request traces: loading, generating, importing
+- ``planning``   sweeps, capacity plans, fleets and autoscaling
+- ``run``        what ``schedsim run`` does: runners, prediction bands, reports, plots
+- ``triton``     a real Triton server as live engine and cost source
+- ``cli``        the ``schedsim`` command (also ``python -m schedsim``)
 
 Importing ``schedsim`` imports none of simpy, torch or any engine.
 """
