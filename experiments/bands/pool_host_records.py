@@ -2,7 +2,7 @@
 
 One ``schedsim profile --host-variation-s`` run sees the host for a minute, in one state.
 A band that is to cover live runs at other times needs the host's other states too:
-measure the record again in later sessions (or on other machines of the same type: a
+measure the record again later (or on other machines of the same type: a
 profile of the smallest cell alone is enough, ``--batch-sizes 1``), then pool them here.
 The profile's own record stays first, so the band's timeline is relative to the host the
 table was measured on (:func:`schedsim.profiling.host_variation.combine`).

@@ -58,7 +58,7 @@ def _sibling(name: str):
     return mod
 
 
-FID, SESSIONS, FACTORS = _sibling("fidelity_cpu"), _sibling("host_sessions"), _sibling("host_factors")
+FID, RECORDS, FACTORS = _sibling("fidelity_cpu"), _sibling("host_records"), _sibling("host_factors")
 SEQ_LEN, MAX_BATCH = FID.SEQ_LEN, FID.MAX_BATCH
 
 # (name, policy, params, load as a fraction of the policy's capacity on the profile)
@@ -95,7 +95,7 @@ def profile(runner, out: Path, rng, *, host_rounds: int, host_round_s: float, ho
     parts = [FID.measure_samples(runner, rng, min_iters=min_iters, min_time_s=min_time_s)]
     factory = lambda i: contextlib.nullcontext(runner)  # noqa: E731
     gap_us = FID.calibrate_dispatch_us(factory, float(parts[0][1].mean()), seed + 99)
-    record = measure_host_variation(SESSIONS.idle_call(runner, rng), rounds=host_rounds,
+    record = measure_host_variation(RECORDS.idle_call(runner, rng), rounds=host_rounds,
                                     round_s=host_round_s, window_s=0.25, pause_s=host_pause_s,
                                     what=f"one batch of 1 at seq_len {SEQ_LEN} after 0-1 ms idle, wall time around the call")
     # The timeline over the table's own batch-1 mean (the same call): how much slower than the table.
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
                     help="take the host record from this many rounds of calibration live runs (the cells' "
                          "policies and loads on traces of other seeds) instead of the timed call")
     ap.add_argument("--host-records", type=Path, nargs="*", default=(),
-                    help="earlier host-variation records of this machine (host_sessions.py) to pool with the profile's")
+                    help="earlier host-variation records of this machine (host_records.py) to pool with the profile's")
     args = ap.parse_args(argv)
     table = run(args.out, rounds=args.rounds, duration_s=args.duration_s, round_pause_s=args.round_pause_s,
                 host_rounds=args.host_rounds, host_round_s=args.host_round_s, host_pause_s=args.host_pause_s,

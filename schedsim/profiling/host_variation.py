@@ -168,7 +168,7 @@ def combine(records: list[dict]) -> dict:
     out = {"between_runs_cv": float(med.std(ddof=1) / med.mean()), "within_run_cv": within, "window_s": windows[0],
            "rounds": int(med.size), "windows": int(sum(r.get("windows", 0) for r in records)),
            "round_medians_ms": [m for r in records for m in r["round_medians_ms"]],
-           "scope": f"{len(records)} records combined (machines or sessions)",
+           "scope": f"{len(records)} records combined (machines or times)",
            "method": "combine(): between_runs_cv = std/mean of every record's round medians together; "
                      "within_run_cv = root mean square of the records'; the timeline's rounds pooled"}
     if all("round_means_ms" in r and "window_factors" in r for r in records):
