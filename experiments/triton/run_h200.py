@@ -143,6 +143,23 @@ def capacity_rps(url: str, requests: int, seq_len: int) -> float:
     return float(ok.sum() / ((rec.answered_ns[ok].max() - rec.sent_ns[ok].min()) / 1e9))
 
 
+REQUEST_COLUMNS = ("scheduled_s", "sent_s", "answered_s", "model_start_s", "model_end_s", "model_batch_requests")
+
+
+def keep_requests(csv: Path, dest: Path) -> None:
+    """The cell's per-request times (client and execution log) as a compressed npz: what
+    ``analyze.py --arrivals sent`` replays and what the per-execution comparison reads."""
+    import pandas as pd
+
+    df = pd.read_csv(csv, usecols=lambda c: c in REQUEST_COLUMNS + ("model_instance",))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    cols = {c: df[c].to_numpy() for c in REQUEST_COLUMNS if c in df}
+    if "model_instance" in df:
+        names, cols["model_instance"] = np.unique(df["model_instance"].fillna("").astype(str), return_inverse=True)
+        cols["model_instance_names"] = names.astype(str)
+    np.savez_compressed(dest, **cols)
+
+
 def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, rep: int, args, work: Path) -> dict:
     seq_len = ON_CPU["seq_len"] if args.cpu else SEQ_LEN
     rate = load * capacity
@@ -167,6 +184,9 @@ def run_cell(cfg: dict, url: str, arrival: str, load: float, capacity: float, re
     if args.trace_rate:
         set_model_trace(url, NAME, None, timeout_s=30)
     stats = json.loads((cell_dir / "live" / "triton_stats.json").read_text())
+    if args.keep_requests:
+        keep_requests(cell_dir / "live" / "triton_requests.csv",
+                      args.out / "requests" / f"{cfg['name']}-{arrival}-{load:g}-rep{rep}.npz")
     keep = ("requests", "completed", "failed", "rejected", "unfinished", "throughput_rps", "p50_ms", "p90_ms",
             "p99_ms", "mean_ms", "max_ms", "mean_queue_ms", "mean_batch_size", "batch_size_histogram",
             "utilization", "partial")
@@ -195,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-rate", type=int, default=0,
                     help="also trace one request in N of each cell with Triton's trace API (it kills Triton 2.51 "
                          "under load; the model's execution log gives server-side percentiles without it); 0: off")
+    ap.add_argument("--keep-requests", action="store_true",
+                    help="also write every cell's per-request times to OUT/requests/CELL.npz (client send and "
+                         "answer, execution start and end, batch): the arrivals the server received")
     ap.add_argument("--cpu", action="store_true", help="bert-tiny in numpy on KIND_CPU: check the script off the GPU")
     args = ap.parse_args(argv)
     t_start = time.monotonic()

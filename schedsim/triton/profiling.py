@@ -53,7 +53,8 @@ Named terms in the sidecar, and what the simulator does with them
   by it.
 
 Everything measured stays in ``OUT.triton/``: the model repository, the server's log, the
-trace file and the statistics snapshots.
+trace file, the statistics snapshots and every execution's
+start and end (``executions/``, :mod:`schedsim.triton.execution_log`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ import numpy as np
 
 from schedsim.errors import InputError
 from schedsim.triton import wake_profile
+from schedsim.triton.execution_log import PARAMETER as EXECUTION_LOG
 from schedsim.triton.pair_profile import default_pair_sizes, measure_pair_grid, twin_name
 
 QUEUE_DELAY_US = 1_000_000
@@ -240,6 +242,9 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
     from schedsim.triton.repository import model_config, write_repository
 
     params, kind, _ = _parameters(spec)
+    # Every execution's start and end, as the live runs record them: the profile's batch
+    # durations and a live run's can then be compared execution by execution.
+    params = params | {EXECUTION_LOG: str(root / "executions")}
     hidden = 768 if spec.model.endswith("bert-base") else 128
     repo = root / "model_repository"
     for b in spec.batch_sizes:
