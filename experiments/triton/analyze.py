@@ -47,20 +47,45 @@ from schedsim.run.runner import execute  # noqa: E402
 from schedsim.run.spec import RunSpec  # noqa: E402
 from schedsim.traces.generate import generate  # noqa: E402
 from schedsim.traces.io import save_trace  # noqa: E402
+from schedsim.traces.table import Trace  # noqa: E402
+from schedsim.triton.repository import triton_prefetches  # noqa: E402
 
 SEQ_LEN = 128
 
 
-def simulate_cell(run: dict, profile: Path, replications: int, work: Path) -> dict:
+def simulate_cell(run: dict, profile: Path, replications: int, work: Path, received: Path | None = None) -> dict:
+    """``schedsim run`` of the cell's trace; with ``received`` (the run's ``--keep-requests`` npz),
+    each request arrives when the client sent it (its scheduled time plus the client's lateness):
+    the arrivals the server received, rather than the trace's."""
     trace = generate("gamma" if run["arrival"] != "poisson" else "poisson", rng=np.random.default_rng(run["seed"]),
                      duration_s=run["duration_s"], rate=run["rate_rps"],
                      cv=None if run["arrival"] == "poisson" else run["cv"], seq_len=f"fixed:{run.get('seq_len', SEQ_LEN)}")
     assert len(trace) == run["requests_in_trace"], (run["config"], len(trace), run["requests_in_trace"])
-    path = work / f"{run['config']}-{run['arrival']}-{run['load']}.csv"
+    name = f"{run['config']}-{run['arrival']}-{run['load']}"
+    if received is not None:
+        rec = np.load(received)
+        late = rec["sent_s"] - rec["scheduled_s"]  # NaN where a request was never sent
+        n = min(len(late), len(trace))
+        shifted = trace.arrival_s.copy()
+        shifted[:n] += np.where(np.isfinite(late[:n]), late[:n], 0.0)
+        order = np.argsort(shifted, kind="stable")
+        trace = Trace.from_arrivals(shifted[order], seq_len=trace.seq_len[order], request_id=trace.request_id[order])
+        name += f"-rep{run['rep']}-sent"
+    path = work / f"{name}.csv"
     save_trace(trace, path)
-    spec = RunSpec(trace=path, policy=run["policy"], params=dict(run["params"]), profile=profile,
+    params = dict(run["params"])
+    if run["policy"] == "dynamic":  # Triton forms batches ahead under these settings: so does the simulator
+        params.setdefault("prefetch", triton_prefetches(params))
+    spec = RunSpec(trace=path, policy=run["policy"], params=params, profile=profile,
                    instances=run["instances"], warmup_s=0.5, replications=replications, seed=1)
     return execute(spec).summary
+
+
+def requests_file(args, run: dict) -> Path:
+    path = args.requests / f"{run['config']}-{run['arrival']}-{run['load']:g}-rep{run['rep']}.npz"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no per-request times for this run (was the grid run with --keep-requests?)")
+    return path
 
 
 def server_mean_ms(delta: dict) -> float:
@@ -78,7 +103,13 @@ def main(argv=None) -> int:
                     help="sidecar terms to drop before predicting (e.g. wake_curve): what each term is worth")
     ap.add_argument("--min-runs", type=int, default=3, help="cells with fewer live runs are listed, not summarised")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "triton" / "results")
+    ap.add_argument("--arrivals", choices=("trace", "sent"), default="trace",
+                    help="simulate the seeded trace (default) or each run's arrivals as its client sent them")
+    ap.add_argument("--requests", type=Path, help="folder of the runs' per-request npz files (run_h200.py "
+                                                  "--keep-requests), for --arrivals sent")
     args = ap.parse_args(argv)
+    if args.arrivals == "sent" and args.requests is None:
+        ap.error("--arrivals sent needs --requests (the grid's per-request times, run_h200.py --keep-requests)")
     missing = [str(g) for g in args.grid if not g.is_file()]
     if missing:
         raise SystemExit(f"{missing[0]}: not in the working tree; experiments/RUNS.md gives the commit that holds "
@@ -112,7 +143,13 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for (config, arrival, load, _), runs in sorted(cells.items()):
-            sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp))
+            if args.arrivals == "sent":  # each run replayed on its own arrivals; the prediction is their median
+                sims = [simulate_cell(r, args.profile, args.replications, Path(tmp), received=requests_file(args, r))
+                        for r in runs]
+                sim = {k: float(np.median([x[k] for x in sims])) for k in sims[0]
+                       if all(isinstance(x.get(k), (int, float)) for x in sims)}
+            else:
+                sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp))
             live = {
                 "p50_ms": [r["summary"]["p50_ms"] for r in runs],
                 "p99_ms": [r["summary"]["p99_ms"] for r in runs],
