@@ -7,14 +7,15 @@ across the replications:
 
 - service times: a fresh seed for every replication, so each batch draws its time from
   the profile's measured spread (its raw samples, or the table's fitted percentiles);
+- for LLM policies, step times from the step profile's measured spread, split into
+  per-step noise and a per-run level (:mod:`schedsim.run.llm_bands`);
 - the host's speed, when the profile's sidecar carries a ``host_variation`` record
-  (:mod:`schedsim.profiling.host_variation`). With the record's timeline (request level),
-  each replication replays a stretch of the measured speeds window by window
-  (:class:`HostTimeline`: the trace is simulated on host time and read back on the wall
-  clock), so a slow spell lasting seconds builds the queue it builds live, and a host
-  slower than when the table was measured runs slower. Without a timeline (older
-  records, the LLM band), each replication runs on the table times one log-normal
-  factor, median 1, whose variance is the record's between-runs variance plus its
+  (:mod:`schedsim.profiling.host_variation`). With the record's timeline, each
+  replication replays a stretch of the measured speeds window by window (:class:`HostTimeline`:
+  the trace is simulated on host time and read back on the wall clock), so a slow spell
+  lasting seconds builds the queue it builds live, and a host slower than when the table
+  was measured runs slower. Without a timeline (older records), each replication runs on
+  the table times one log-normal factor, median 1, whose variance is the record's between-runs variance plus its
   within-run variance shrunk by how many windows the trace spans;
 - arrivals, only when asked (``arrivals="resample"``): the trace's inter-arrival gaps
   drawn with replacement (a renewal bootstrap), the other columns kept row by row. A live
@@ -282,18 +283,24 @@ def resample_arrivals(trace, rng: np.random.Generator):
 def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random.Generator | None], dict],
                  keys: tuple[str, ...], *, sigma: float = 0.0,
                  draws: str | None = "service-time draws (a fresh seed per replication)",
-                 point: dict | None = None) -> dict:
+                 point: dict | None = None, level_sigma: float = 0.0, level_source: str | None = None,
+                 absent: tuple[str, ...] = ()) -> dict:
     """Run ``plan.replications`` replications, ``one(seed, host_factor, arrivals_rng)`` each
     returning a summary (``draws`` says what a fresh seed redraws; None: nothing, and when
     nothing else is redrawn either the band is ``point``, the run at ``seed``, without
     replaying), and give ``{key}_lo`` / ``{key}_hi`` for every ``key`` of ``keys``
     the summaries have, plus a ``band`` record saying how it was made. ``one`` may declare
-    ``sources``, a list of what else it redraws from its seed (the host's timeline)."""
+    ``sources``, a list of what else it redraws from its seed (the host's timeline).
+
+    ``sigma`` (the host record's) and ``level_sigma`` (the profile's own per-run level,
+    ``level_source`` saying where it comes from) are log-standard deviations of one factor
+    per replication, combined in variance; ``absent`` names sources the band lacks."""
     rng = np.random.default_rng([seed, _STREAM])
     n = plan.replications
     seeds = rng.integers(0, 2**31 - 1, size=n)
-    factors = np.exp(sigma * rng.standard_normal(n)) if sigma > 0 else np.ones(n)
-    if not draws and sigma == 0 and plan.arrivals == "fixed":
+    both = math.hypot(sigma, level_sigma) if level_sigma > 0 else sigma
+    factors = np.exp(both * rng.standard_normal(n)) if both > 0 else np.ones(n)
+    if not draws and both == 0 and plan.arrivals == "fixed":
         # Nothing is redrawn: every replication would repeat the run at --seed.
         summaries = [one(seed, 1.0, None)] if point is None else [point]
     else:
@@ -308,6 +315,8 @@ def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random
     sources = [draws] if draws else []
     if sigma > 0:
         sources.append(f"host speed (profile's host_variation: log-sd {sigma:.4f} per run)")
+    if level_sigma > 0:
+        sources.append(level_source or f"per-run level (log-sd {level_sigma:.4f})")
     sources += list(getattr(one, "sources", ()))
     if plan.arrivals == "resample":
         sources.append("arrivals (the trace's gaps resampled with replacement)")
@@ -317,6 +326,8 @@ def compute_band(plan: BandPlan, seed: int, one: Callable[[int, float, np.random
     out["band"] = {
         "level": plan.level, "replications": n, "arrivals": plan.arrivals, "host_sigma": sigma,
         "sources": sources,
+        **({"level_sigma": level_sigma} if level_sigma > 0 else {}),
+        **({"absent": list(absent)} if absent else {}),
         "method": (f"order statistics of {n} replications of the whole trace with independent draws "
                    f"(type-6 quantiles at {(1 - plan.level) / 2:g} and {1 - (1 - plan.level) / 2:g}): "
                    f"the range one live run of this trace lands in {plan.level:.0%} of the time"),
@@ -410,23 +421,3 @@ def scaled_step_cost(cost, factor: float):
     out.draft = scaled_step_cost(cost.draft, factor) if cost.draft is not None else None
     out.draft_fraction = cost.draft_fraction
     return out
-
-
-def llm_one(spec, trace, requests, policy, cost, summarize_kwargs: dict):
-    """``one`` for :func:`compute_band` on an LLM run."""
-    from schedsim.core.llm_metrics import summarize_llm
-    from schedsim.core.llm_simulate import simulate_llm
-    from schedsim.core.metrics import offered_rate
-    from schedsim.core.policy import Requests
-
-    warm_ns = int(round(spec.warmup_s * 1e9))
-
-    def one(seed: int, factor: float, arrivals_rng) -> dict:
-        reqs = requests if arrivals_rng is None else Requests.from_trace(resample_arrivals(trace, arrivals_rng))
-        c = cost if factor == 1.0 else scaled_step_cost(cost, factor)
-        summary = summarize_llm(simulate_llm(reqs, policy, c, seed=seed, itl_from_ns=warm_ns), spec.warmup_s,
-                                **summarize_kwargs)
-        summary["offered_rps"] = offered_rate(reqs.arrival_ns[reqs.arrival_ns >= warm_ns])
-        return summary
-
-    return one

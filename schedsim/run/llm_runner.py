@@ -14,7 +14,8 @@ from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
 from schedsim.live.llm_driver import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
-from schedsim.run.bands import LLM_KEYS, compute_band, host_sigma, llm_one, plan_band, trace_duration_s
+from schedsim.run.bands import LLM_KEYS, compute_band, host_sigma, plan_band, trace_duration_s
+from schedsim.run.llm_bands import NO_HOST_RECORD, StepSpread, llm_one, noisy
 from schedsim.planning.capacity import llm_capacity
 from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, effective_settings, policy_config, trace_notes
 from schedsim.traces.io import scale_rate
@@ -75,12 +76,15 @@ def execute_llm(spec, options: LLMOptions, trace):
         if cost.first_call_ns:   # what `schedsim live` runs before its clock starts pays no first call
             cost.warm_tokens = live_warm_tokens(requests, policy, profile.cuda_graph_batch_sizes)
 
+    # Replication 0 is the point estimate, the model as fitted; later ones draw their steps
+    # from the profile's measured spread, each from its own seed.
+    spread = StepSpread.from_profile(profile)
     results, summaries = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(spec.replications):
-            result = simulate_llm(requests, policy, cost, seed=spec.seed + i,
-                                  itl_from_ns=int(round(spec.warmup_s * 1e9)))
+            result = simulate_llm(requests, policy, noisy(cost, spread, spec.seed + i) if i else cost,
+                                  seed=spec.seed + i, itl_from_ns=int(round(spec.warmup_s * 1e9)))
             results.append(result)
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
@@ -88,9 +92,12 @@ def execute_llm(spec, options: LLMOptions, trace):
         if band_plan is not None:
             summaries[0]["offered_rps"] = offered_rate(requests.arrival_ns[requests.arrival_ns >= int(round(spec.warmup_s * 1e9))])
             band = compute_band(band_plan, spec.seed, llm_one(spec, trace, requests, policy, cost, dict(
-                slo_ttft_ms=options.slo_ttft_ms, slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms)),
-                LLM_KEYS, sigma=host_sigma(profile.meta, trace_duration_s(trace)), draws=None,
-                point=summaries[0])
+                slo_ttft_ms=options.slo_ttft_ms, slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms),
+                spread), LLM_KEYS, sigma=host_sigma(profile.meta, trace_duration_s(trace), timeline=True),
+                draws=spread.describe() if spread else None, point=summaries[0],
+                level_sigma=spread.level_sigma if spread else 0.0,
+                level_source=spread.level_source() if spread else None,
+                absent=() if isinstance(profile.meta.get("host_variation"), dict) else (NO_HOST_RECORD,))
     notes = sorted({str(w.message) for w in caught}) + ([band_note] if band_note else [])
     notes += [spec_note] if spec_note else []
     for one in summaries:
