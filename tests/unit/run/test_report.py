@@ -44,6 +44,31 @@ def test_chunked_csv_is_pyarrows_csv(result, tmp_path, monkeypatch):
     assert b",," in (tmp_path / "one.csv").read_bytes()  # the nulls were written as empty fields
 
 
+def test_csv_text_by_chunks_and_pyarrow_where_it_cannot(result, tmp_path, monkeypatch):
+    """The text by csv_text, by chunks, is pyarrow's; so is a file where some chunks go to
+    pyarrow (a value csv_text does not write)."""
+    request_id = np.arange(len(result.requests))
+    table = report.request_table(result, request_id)
+    pacsv.write_csv(table, tmp_path / "one.csv")
+    assert report.request_rows(result, request_id, 0, len(request_id))  # csv_text writes all of it
+    monkeypatch.setattr(report, "_TEXT_CHUNK_ROWS", 333)
+    monkeypatch.setattr(report.os, "cpu_count", lambda: 3)
+    written = report.write_outputs(tmp_path / "run", result, request_id, {})
+    assert written[0].read_bytes() == (tmp_path / "one.csv").read_bytes()
+
+    def text(start, stop):
+        if start % 666 == 0:
+            raise report.Unsupported("by pyarrow")
+        return report.request_rows(result, request_id, start, stop)
+
+    parts = report.TableParts(len(request_id), lambda a, b: report.request_table(result, request_id, a, b), text)
+    report.write_csv(parts, tmp_path / "mixed.csv")
+    assert (tmp_path / "mixed.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
+    report.write_csv(report.TableParts(0, parts.slice, text), tmp_path / "empty.csv")
+    pacsv.write_csv(table.slice(0, 0), tmp_path / "empty_pyarrow.csv")
+    assert (tmp_path / "empty.csv").read_bytes() == (tmp_path / "empty_pyarrow.csv").read_bytes()
+
+
 def test_parquet_holds_the_csv_values(result, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_CHUNK_ROWS", 999)  # several row groups
     summary = {"completed": 1}
