@@ -223,7 +223,19 @@ class KVCacheManager:
             raise KVCacheError(f"cache_blocks: request {req!r} has {len(blocks)} blocks and "
                                f"{len(keys)} keys, cannot cache {num_full_blocks}")
         bkey, cache = self._key, self._cache
-        for b, k in zip(blocks[start:num_full_blocks], keys[start:num_full_blocks]):
+        new_blocks, new_keys = blocks[start:num_full_blocks], keys[start:num_full_blocks]
+        if (list(map(bkey.__getitem__, new_blocks)).count(None) == len(new_blocks)
+                and cache.keys().isdisjoint(new_keys)):
+            # (Most calls: blocks without keys, keys no block has.) In bulk, where the keys
+            # are distinct, as a request's are; a key given twice takes the loop below.
+            added = dict(zip(new_keys, new_blocks))
+            if len(added) == len(new_blocks):
+                for b, k in zip(new_blocks, new_keys):
+                    bkey[b] = k
+                cache.update(added)
+                self._ncached[req] = num_full_blocks
+                return
+        for b, k in zip(new_blocks, new_keys):
             old = bkey[b]
             if old is not None:
                 if old != k:
@@ -462,12 +474,13 @@ class KVCacheManager:
                 raise KVCacheError(f"free: request {req!r} holds no blocks (unknown or freed twice)")
             self._free_swap += n
             return
-        del self._ncached[req]
-        self._release(blocks, num_hashed)
+        self._release(blocks, num_hashed, self._ncached.pop(req))
 
-    def _release(self, blocks: list[int], num_hashed: int = 0) -> None:
+    def _release(self, blocks: list[int], num_hashed: int = 0, num_cached: int | None = None) -> None:
+        """Give ``blocks`` back; ``num_cached``: how many leading ones hold keys (the rest,
+        taken fresh and never registered, have this request as their only holder); None: all."""
         if self.free_unhashed_first:
-            self._release_split(blocks, num_hashed)
+            self._release_split(blocks, num_hashed, len(blocks) if num_cached is None else num_cached)
             return
         ref = self._ref
         if not self._nshared:   # no block is shared: all go back, tail first
@@ -485,7 +498,7 @@ class KVCacheManager:
             elif r == 1:
                 self._nshared -= 1
 
-    def _release_split(self, blocks: list[int], num_hashed: int) -> None:
+    def _release_split(self, blocks: list[int], num_hashed: int, num_cached: int) -> None:
         """:meth:`_release` of newer vLLM: blocks reaching ref 0 are taken tail first; keyed
         ones (or within the first ``num_hashed``) are appended to the tail in that order,
         the others put at the head in that order (the first of them becomes the head)."""
@@ -505,18 +518,31 @@ class KVCacheManager:
                 continue
             (head if key[b] is None else tail).append(b)
         # The hashed blocks all go to the tail, last first, those that reach ref 0.
-        refs = list(map(ref.__getitem__, hashed))
+        if not self._nshared:   # no block is shared: each of them has one holder, this request
+            for b in hashed:
+                ref[b] = 0
+            tail += reversed(hashed)
+            self._queue += tail
+            if head:
+                head.reverse()
+                self._front += head
+            return
+        # Only blocks with keys can have other holders (a prefix hit shares a keyed block):
+        # the leading num_cached; those after them have ref 1.
+        checked = hashed[:num_cached]
+        refs = list(map(ref.__getitem__, checked))
         for b in hashed:
             ref[b] = 0
         if refs.count(1) == len(refs):   # none shared (most requests)
             tail += reversed(hashed)
         else:   # a few shared (a common prefix): they keep their other holders
-            for b, r in zip(hashed, refs):
+            for b, r in zip(checked, refs):
                 if r > 1:
                     ref[b] = r - 1
                     if r == 2:
                         self._nshared -= 1
-            tail += [b for b, r in zip(reversed(hashed), reversed(refs)) if r == 1]
+            tail += reversed(hashed[num_cached:])
+            tail += [b for b, r in zip(reversed(checked), reversed(refs)) if r == 1]
         self._queue += tail
         if head:
             head.reverse()   # the stack's last entry is the head: the first freed

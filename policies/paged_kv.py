@@ -213,6 +213,13 @@ class PagedKV(LLMPolicy):
                 continue
             self.waiting.append(r)
 
+    def on_arrivals_in_run(self, now_ns: int, first: int, stop: int) -> bool:
+        """Queue them as :meth:`on_arrivals` does; the run stands unless one is rejected now
+        (its rejection goes out with the next step)."""
+        rejected = len(self.too_long)
+        self.on_arrivals(now_ns, first, stop)
+        return len(self.too_long) == rejected
+
     def schedule(self, now_ns: int) -> Step:
         step = self._schedule_once()
         # A priority victim may be the only request that could run: vLLM's next iteration
@@ -369,6 +376,10 @@ class PagedKV(LLMPolicy):
             if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
                 repeat = self._until_new_shared_keys(step.rows, step.context, repeat)
         step.repeat = repeat
+        # A request arriving during the run joins the waiting queue behind a head that this
+        # step could not admit and, the same steps being decided all along, will not admit
+        # before the run ends; first-come first-served only (a priority could put it first).
+        step.arrivals_wait = repeat > 1 and not self.priority and bool(self.waiting)
         step.rejects = rejects(self.too_long)
         step.swap_in_blocks, step.swap_out_blocks = swap_in_blocks, self._swapped_out_now
         step.kv_blocks_used, step.waiting = kv.num_used_blocks, len(self.waiting) + len(self.swapped)

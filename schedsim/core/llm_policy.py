@@ -16,6 +16,10 @@ Hooks, called by a driver in this order at each step boundary:
     the next step; one with no rows means "nothing to run until something arrives".
 ``on_step_done(now_ns, step, repeats)``
     the step ran ``repeats`` times back to back (see :attr:`Step.repeat`) and ended at ``now_ns``.
+``on_arrivals_in_run(now_ns, first, stop) -> bool``
+    only during a run of a step marked :attr:`Step.arrivals_wait`: rows ``first .. stop-1``
+    arrived by ``now_ns``, the end of one of the run's steps (before the run's
+    ``on_step_done``); True when the rest of the run stands, False to stop it after that step.
 ``stats() -> dict``
     at the end: counters for the summary.
 
@@ -89,6 +93,12 @@ class Step:
     draft_tokens: int = 0
     """Draft tokens proposed after this step for each row that emits (speculative decoding:
     the draft model's work, priced apart from the step's forward pass)."""
+    arrivals_wait: bool = False
+    """For a repeatable step: requests wait that the policy cannot start before the run
+    ends, and a request arriving meanwhile would wait behind them. A driver running the
+    repeats at once may then go on past an arrival: it delivers it with
+    :meth:`LLMPolicy.on_arrivals_in_run` at the end of the step during which it arrived,
+    and stops the run there only when that answers False."""
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -186,7 +196,10 @@ class SpeculativeConfig:
 
 def int_max(a: np.ndarray) -> int:
     """The largest value of a non-empty integer array, as a Python int (fast on short ones)."""
-    return max(a.tolist()) if a.shape[0] < SMALL else int(a.max())
+    return max(a.tolist()) if a.shape[0] < SMALL else int(_maximum(a))
+
+
+_maximum = np.maximum.reduce   # ndarray.max without its Python-level wrapper
 
 
 class LLMPolicy:
@@ -232,6 +245,15 @@ class LLMPolicy:
 
     def on_arrivals(self, now_ns: int, first: int, stop: int) -> None:
         pass
+
+    def on_arrivals_in_run(self, now_ns: int, first: int, stop: int) -> bool:
+        """Rows ``first .. stop-1`` arrived during a run of repeated steps that the policy
+        marked :attr:`Step.arrivals_wait`, by ``now_ns``, the end of one of its steps (the
+        run's :meth:`on_step_done` comes later). Deliver them as :meth:`on_arrivals` does
+        and answer whether the rest of the run stands: False (the default) stops it after
+        that step, as if they had arrived with no run under way."""
+        self.on_arrivals(now_ns, first, stop)
+        return False
 
     def schedule(self, now_ns: int) -> Step:
         raise NotImplementedError

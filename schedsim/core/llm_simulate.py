@@ -150,16 +150,22 @@ class _Driver:
             price = prices[0]
             if len(prices) == 1 and price > 0:
                 # One price (most runs): where the run stops is a division, not an array.
-                if self.next_arrival_ns < NEVER:
+                while self.next_arrival_ns < NEVER:
                     # Stop after the step during which the next request arrives: the one
-                    # after it is decided with that request in view.
-                    repeats = min((self.next_arrival_ns - now - 1) // price + 1, repeats)
+                    # after it is decided with that request in view, unless it only
+                    # joins a queue that cannot move before the run ends.
+                    cut = (self.next_arrival_ns - now - 1) // price + 1
+                    if cut >= repeats:
+                        break
+                    if not (step.arrivals_wait and self._arrive_in_run(now + cut * price)):
+                        repeats = cut
+                        break
                 total = price * repeats
                 if repeats > 1:
                     self.run_prices.append(price)
                     self.run_counts.append(repeats - 1)
             else:
-                repeats, total = self._walk_segments(counts, prices, now)
+                repeats, total = self._walk_segments(counts, prices, now, step.arrivals_wait)
             first_end = now + price
         else:
             repeats = 1
@@ -190,23 +196,45 @@ class _Driver:
         self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
 
-    def _walk_segments(self, counts: list, prices: list, now: int) -> tuple[int, int]:
+    def _arrive_in_run(self, end_ns: int) -> bool:
+        """Deliver the requests arrived by ``end_ns``, the end of a step of a run marked
+        :attr:`Step.arrivals_wait`; whether the policy lets the run go on past them."""
+        arrivals, first = self.arrivals, self.delivered
+        stop = first + 1
+        while arrivals[stop] <= end_ns:
+            stop += 1
+        self.delivered, self.next_arrival_ns = stop, arrivals[stop]
+        return bool(self.policy.on_arrivals_in_run(end_ns, first, stop))
+
+    def _walk_segments(self, counts: list, prices: list, now: int, arrivals_wait: bool) -> tuple[int, int]:
         """A run of several prices (a handful of segments): where it stops (after the step
-        during which the next request arrives) and its total, walked in plain Python; records
-        the gaps after its first step."""
-        limit = self.next_arrival_ns - now if self.next_arrival_ns < NEVER else None
+        during which the next request arrives, or a later one where the policy lets the
+        run go on past arrivals) and its total, walked in plain Python; records the gaps
+        after its first step."""
+        cut = len(counts), counts[-1]   # (segments, steps of the last one) that run
+        while self.next_arrival_ns < NEVER:
+            limit, total = self.next_arrival_ns - now, 0
+            for i, (c, p) in enumerate(zip(counts, prices)):
+                if total + c * p >= limit:   # the first step of this segment ending at or after limit
+                    k = max(1, (limit - total + p - 1) // p) if p > 0 else 1
+                    break
+                total += c * p
+            else:
+                break   # the run ends before the next arrival
+            if i == len(counts) - 1 and k == c:
+                break   # it arrives during the last step
+            if not (arrivals_wait and self._arrive_in_run(now + total + k * p)):
+                cut = i + 1, k
+                break
         taken = total = 0
         first = len(self.run_prices)
-        for c, p in zip(counts, prices):
-            stop = limit is not None and total + c * p >= limit
-            if stop:   # the first step of this segment ending at or after limit (at least one)
-                c = max(1, (limit - total + p - 1) // p) if p > 0 else 1
+        segments, last = cut
+        for i in range(segments):
+            c, p = (counts[i] if i < segments - 1 else last), prices[i]
             self.run_prices.append(p)
             self.run_counts.append(c)
             taken += c
             total += c * p
-            if stop:
-                break
         self.run_counts[first] -= 1                # the first step's gap is not a repeat's
         return taken, total
 
