@@ -18,13 +18,15 @@ LLM (``--table llm``): the live figures are the per-run columns of
 ``experiments/fidelity-llm/repeatability/pooled-runs7-14.csv``; each cell is simulated on
 its recorded trace slice (``experiments/fidelity-llm/traces/``) with ``schedsim run``'s
 LLM path and the bundled step profile (paged-kv with ``--vllm-compat 0.8``, the engine the
-live runs used). ``schedsim run`` starts each cell from the live warm-up's token counts; the
+live runs used); its band draws step times from the profile's measured spread
+(``schedsim.run.llm_bands``). ``schedsim run`` starts each cell from the live warm-up's token counts; the
 experiment's own analysis carried the warm token counts from cell to cell as the one live
 engine did, so a few TTFT figures differ slightly from its table.
 
     python experiments/bands/restate.py --table request --out experiments/bands/request_level.csv
     python experiments/bands/restate.py --table llm --out experiments/bands/llm.csv
     python experiments/bands/restate.py --table request --host-cv 0.03 0.05 --out experiments/bands/request_level_host3.csv
+    python experiments/bands/restate.py --table llm --host-cv 0.03 0.05 --out experiments/bands/llm_host3.csv
 """
 
 from __future__ import annotations
@@ -162,7 +164,23 @@ def request_level(replications: int, only: str, host_cv: tuple | None = None, ho
     return pd.DataFrame(rows)
 
 
-def llm(only: str) -> pd.DataFrame:
+def step_profile_with_host_cv(tmp: Path, between: float, within: float, window_s: float = 0.25) -> Path:
+    """A copy of the bundled step profile whose sidecar carries an assumed host_variation
+    record: a sensitivity check of the LLM band, not a measurement."""
+    import shutil
+
+    from schedsim.run.llm_runner import default_step_profile_path
+
+    src = default_step_profile_path()
+    shutil.copy(src, tmp / src.name)
+    meta = json.loads(src.with_suffix(".json").read_text())
+    meta["host_variation"] = {"between_runs_cv": between, "within_run_cv": within, "window_s": window_s,
+                              "method": "assumed (restate.py --host-cv): a sensitivity check, not measured"}
+    (tmp / src.name).with_suffix(".json").write_text(json.dumps(meta))
+    return tmp / src.name
+
+
+def llm(only: str, replications: int = 19, host_cv: tuple | None = None) -> pd.DataFrame:
     import importlib.util
 
     spec_ = importlib.util.spec_from_file_location("fidelity_llm_common", ROOT / "experiments/fidelity-llm/common.py")
@@ -174,12 +192,14 @@ def llm(only: str) -> pd.DataFrame:
     runs_cols = [c for c in pooled.columns if c.startswith("live_results")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        profile = step_profile_with_host_cv(Path(tmp), *host_cv) if host_cv else None
         for cell in LLM_CELLS:
             if only and only not in cell["name"]:
                 continue
             trace = common.load_cell_trace(ROOT / "experiments/fidelity-llm/traces" / f"{cell['name']}.npz")
             path = save_trace(trace, Path(tmp) / f"{cell['name']}.parquet")
-            spec = RunSpec(trace=path, policy=cell["policy"], band=0.9)
+            spec = RunSpec(trace=path, policy=cell["policy"], band=0.9, band_replications=replications,
+                           profile=profile)
             # The live engine of these runs is schedsim's own paged-KV engine as it was then:
             # the 0.8 preset is that model (the current defaults follow later vLLM releases).
             extra = {"vllm_compat": "0.8"} if cell["policy"] == "paged-kv" else {}
@@ -214,7 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="cells whose name contains this")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--host-cv", type=float, nargs=2, metavar=("BETWEEN", "WITHIN"),
-                    help="request table: give the bundled profile an assumed host_variation record "
+                    help="give the bundled (step) profile an assumed host_variation record "
                          "(between-runs and within-run CV, 0.25 s windows): a sensitivity check")
     ap.add_argument("--host-records", type=Path, nargs="+", default=(),
                     help="request table: measured host-variation records (sidecars of schedsim profile "
@@ -222,7 +242,7 @@ def main(argv=None) -> int:
                          "over the bundled table's batch-1 mean")
     args = ap.parse_args(argv)
     df = (request_level(args.replications, args.only, args.host_cv, args.host_records) if args.table == "request"
-          else llm(args.only))
+          else llm(args.only, args.replications, args.host_cv))
     for line in summary_lines(df):
         print(line)
     if args.out:

@@ -1,4 +1,4 @@
-"""PNG plots of an LLM run: running requests, KV blocks and waiting requests over time; TTFT and E2E CDFs."""
+"""PNG plots of an LLM run: running requests, KV blocks and waiting requests over time; TTFT, TPOT and E2E CDFs."""
 
 from __future__ import annotations
 
@@ -62,10 +62,14 @@ def write_llm_plots(out_dir: Path, result: LLMResult, warmup_s: float, atomic, s
 
     req = result.requests
     done = (req.arrival_ns >= int(round(warmup_s * 1e9))) & (result.status == COMPLETED)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, when, name, key in ((axes[0], result.first_token_ns, "TTFT", "ttft"),
-                                (axes[1], result.end_ns, "E2E latency", "e2e")):
-        ms = np.sort((when[done] - req.arrival_ns[done]) / 1e6)
+    ttft_ms = (result.first_token_ns - req.arrival_ns) / 1e6
+    e2e_ms = (result.end_ns - req.arrival_ns) / 1e6
+    multi = done & (result.tokens_out > 1)   # TPOT as requests.csv and the summary have it
+    tpot_ms = (e2e_ms - ttft_ms)[multi] / (result.tokens_out[multi].astype(np.int64) - 1)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, values, name, key in ((axes[0], ttft_ms[done], "TTFT", "ttft"), (axes[1], tpot_ms, "TPOT", "tpot"),
+                                  (axes[2], e2e_ms[done], "E2E latency", "e2e")):
+        ms = np.sort(values)
         if ms.size:
             # Empirical CDF as a step from 0, so that even one request shows.
             ax.step(np.r_[ms[0], ms], np.arange(ms.size + 1) / ms.size, where="post")

@@ -14,7 +14,7 @@ from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
 from schedsim.live.llm_driver import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
-from schedsim.run.bands import LLM_KEYS, compute_band, host_sigma, plan_band, trace_duration_s
+from schedsim.run.bands import LLM_AUTO_MAX_REQUESTS, LLM_KEYS, compute_band, host_sigma, plan_band, trace_duration_s
 from schedsim.run.llm_bands import NO_HOST_RECORD, StepSpread, llm_one, noisy
 from schedsim.planning.capacity import llm_capacity
 from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, effective_settings, policy_config, trace_notes
@@ -88,7 +88,8 @@ def execute_llm(spec, options: LLMOptions, trace):
             results.append(result)
             summaries.append(summarize_llm(result, spec.warmup_s, slo_ttft_ms=options.slo_ttft_ms,
                                            slo_tpot_ms=options.slo_tpot_ms, slo_e2e_ms=options.slo_e2e_ms))
-        band_plan, band_note = plan_band(spec.band, len(trace), spec.band_replications, spec.band_arrivals)
+        band_plan, band_note = plan_band(spec.band, len(trace), spec.band_replications, spec.band_arrivals,
+                                         auto_max=LLM_AUTO_MAX_REQUESTS)
         if band_plan is not None:
             summaries[0]["offered_rps"] = offered_rate(requests.arrival_ns[requests.arrival_ns >= int(round(spec.warmup_s * 1e9))])
             band = compute_band(band_plan, spec.seed, llm_one(spec, trace, requests, policy, cost, dict(

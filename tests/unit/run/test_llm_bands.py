@@ -145,6 +145,7 @@ def test_run_keeps_the_point_estimate_bit_for_bit_and_names_its_sources(trace_fi
     assert any(s.startswith("step-time draws") for s in band["sources"])
     assert any(s.startswith("per-run level") for s in band["sources"]) and band["level_sigma"] > 0
     assert band["absent"] == [NO_HOST_RECORD] and band["host_sigma"] == 0
+    assert f"not in the band: {NO_HOST_RECORD}" in bands.band_text(banded.summary)
     assert banded.summary["ttft_p99_ms_hi"] > banded.summary["ttft_p99_ms_lo"]
     again = execute(RunSpec(trace=trace_file, policy="paged-kv")).summary
     assert {k: again[k] for k in again if k.endswith(("_lo", "_hi"))} == \
@@ -179,3 +180,38 @@ def test_a_host_record_with_a_timeline_runs_the_llm_trace_on_host_time(tmp_path,
     twice = _one(light, None, cost)(1, 1.0, None)
     for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms"):
         assert twice[k] == pytest.approx(2 * base[k], rel=0.02), k
+
+
+def test_validate_reports_the_llm_bands_coverage_of_several_live_runs(tmp_path, trace_file):
+    """``schedsim validate`` on an LLM prediction with a band and three live runs: each live
+    run's TTFT/TPOT/E2E p50 and p99 in or out of the band, its coverage, and the band's
+    half-width against the live runs' spread."""
+    from schedsim.live.llm_validate import validate_llm_dirs
+
+    sim = tmp_path / "sim"
+    s = execute(RunSpec(trace=trace_file, policy="paged-kv", out=sim)).summary
+    lives = []
+    for i, f in enumerate((0.999, 1.0, 1.5)):   # inside, inside, outside
+        live = tmp_path / f"live{i}"
+        shutil.copytree(sim, live)
+        summary = {k: v for k, v in s.items() if not k.endswith(("_lo", "_hi")) and k != "band"}
+        summary["config"] = {k: v for k, v in s["config"].items() if k != "replications"} | {"driver": "live"}
+        for key in KEYS:
+            summary[key] = s[key] * f if f != 1.0 else (s[f"{key}_lo"] + s[f"{key}_hi"]) / 2
+        (live / "summary.json").write_text(json.dumps(summary))
+        lives.append(live)
+    report = validate_llm_dirs(sim, lives, out=tmp_path / "v")
+    for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"):
+        row = report["metrics"][key]
+        lo, hi = row["predicted_band"]
+        assert (lo, hi) == (s[f"{key}_ms_lo"], s[f"{key}_ms_hi"])
+        assert row["runs_in_band"][1:] == [True, False], key
+        assert row["band_half_width_pct"] > 0 and row["live_spread_pct"] > 0
+    assert 0 < report["band"]["runs_covered"] < 1
+
+
+def test_llm_runs_get_a_default_band_up_to_their_own_length():
+    plan, note = bands.plan_band(None, bands.LLM_AUTO_MAX_REQUESTS + 1, auto_max=bands.LLM_AUTO_MAX_REQUESTS)
+    assert plan is None and f"more than {bands.LLM_AUTO_MAX_REQUESTS:,}" in note and "--band 0.9" in note
+    assert bands.plan_band(None, bands.LLM_AUTO_MAX_REQUESTS, auto_max=bands.LLM_AUTO_MAX_REQUESTS)[0].level == 0.9
+    assert bands.plan_band(0.9, 10 * bands.LLM_AUTO_MAX_REQUESTS, auto_max=bands.LLM_AUTO_MAX_REQUESTS)[0] is not None
