@@ -53,6 +53,9 @@ from schedsim.triton.repository import triton_prefetches  # noqa: E402
 SEQ_LEN = 128
 
 
+EXTRAPOLATE = False  # --extrapolate: sizes past the table's largest from its last two
+
+
 def simulate_cell(run: dict, profile: Path, replications: int, work: Path, received: Path | None = None) -> dict:
     """``schedsim run`` of the cell's trace; with ``received`` (the run's ``--keep-requests`` npz),
     each request arrives when the client sent it (its scheduled time plus the client's lateness):
@@ -77,7 +80,8 @@ def simulate_cell(run: dict, profile: Path, replications: int, work: Path, recei
     if run["policy"] == "dynamic":  # Triton forms batches ahead under these settings: so does the simulator
         params.setdefault("prefetch", triton_prefetches(params))
     spec = RunSpec(trace=path, policy=run["policy"], params=params, profile=profile,
-                   instances=run["instances"], warmup_s=0.5, replications=replications, seed=1)
+                   instances=run["instances"], warmup_s=0.5, replications=replications, seed=1,
+                   extrapolate=EXTRAPOLATE)
     return execute(spec).summary
 
 
@@ -107,7 +111,11 @@ def main(argv=None) -> int:
                     help="simulate the seeded trace (default) or each run's arrivals as its client sent them")
     ap.add_argument("--requests", type=Path, help="folder of the runs' per-request npz files (run_h200.py "
                                                   "--keep-requests), for --arrivals sent")
+    ap.add_argument("--extrapolate", action="store_true",
+                    help="let batch sizes past the table's largest take its last two sizes' line")
     args = ap.parse_args(argv)
+    global EXTRAPOLATE
+    EXTRAPOLATE = args.extrapolate
     if args.arrivals == "sent" and args.requests is None:
         ap.error("--arrivals sent needs --requests (the grid's per-request times, run_h200.py --keep-requests)")
     missing = [str(g) for g in args.grid if not g.is_file()]
@@ -124,7 +132,8 @@ def main(argv=None) -> int:
                 shutil.copy(args.profile.with_suffix(suffix), ablated.with_suffix(suffix))
         ablated.with_suffix(".json").write_text(json.dumps({k: v for k, v in meta.items() if k not in args.without}))
         args.profile = ablated
-    path_ms = meta["triton_terms"]["request_path_us"] / 1e3
+    # A table measured without the zero-delay requests has no request path: client figures then read NaN.
+    path_ms = (meta.get("triton_terms") or {}).get("request_path_us", math.nan) / 1e3
     cells = defaultdict(list)
     for g in args.grid:
         side = {}
