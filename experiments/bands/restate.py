@@ -164,9 +164,8 @@ def request_level(replications: int, only: str, host_cv: tuple | None = None, ho
     return pd.DataFrame(rows)
 
 
-def step_profile_with_host_cv(tmp: Path, between: float, within: float, window_s: float = 0.25) -> Path:
-    """A copy of the bundled step profile whose sidecar carries an assumed host_variation
-    record: a sensitivity check of the LLM band, not a measurement."""
+def step_profile_with_record(tmp: Path, record: dict) -> Path:
+    """A copy of the bundled step profile whose sidecar carries ``record`` as its host_variation."""
     import shutil
 
     from schedsim.run.llm_runner import default_step_profile_path
@@ -174,13 +173,29 @@ def step_profile_with_host_cv(tmp: Path, between: float, within: float, window_s
     src = default_step_profile_path()
     shutil.copy(src, tmp / src.name)
     meta = json.loads(src.with_suffix(".json").read_text())
-    meta["host_variation"] = {"between_runs_cv": between, "within_run_cv": within, "window_s": window_s,
-                              "method": "assumed (restate.py --host-cv): a sensitivity check, not measured"}
+    meta["host_variation"] = record
     (tmp / src.name).with_suffix(".json").write_text(json.dumps(meta))
     return tmp / src.name
 
 
-def llm(only: str, replications: int = 19, host_cv: tuple | None = None) -> pd.DataFrame:
+def llm_host_profile(tmp: Path, host_cv: tuple | None, host_records) -> Path | None:
+    """The step profile for the LLM table: the bundled one, or a copy with an assumed record
+    (``--host-cv``: a sensitivity check, not a measurement) or measured records pooled
+    (``--host-records``: sidecars of ``schedsim profile llm --host-variation-s`` on the serving
+    machines, the first one's rounds the reference)."""
+    from schedsim.profiling.host_variation import combine
+
+    if host_cv:
+        return step_profile_with_record(tmp, {"between_runs_cv": host_cv[0], "within_run_cv": host_cv[1],
+                                              "window_s": 0.25, "method": "assumed (restate.py --host-cv): a "
+                                              "sensitivity check, not measured"})
+    if host_records:
+        records = [json.loads(Path(p).read_text()) for p in host_records]
+        return step_profile_with_record(tmp, combine([r.get("host_variation", r) for r in records]))
+    return None
+
+
+def llm(only: str, replications: int = 19, host_cv: tuple | None = None, host_records=()) -> pd.DataFrame:
     import importlib.util
 
     spec_ = importlib.util.spec_from_file_location("fidelity_llm_common", ROOT / "experiments/fidelity-llm/common.py")
@@ -192,7 +207,7 @@ def llm(only: str, replications: int = 19, host_cv: tuple | None = None) -> pd.D
     runs_cols = [c for c in pooled.columns if c.startswith("live_results")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        profile = step_profile_with_host_cv(Path(tmp), *host_cv) if host_cv else None
+        profile = llm_host_profile(Path(tmp), host_cv, host_records)
         for cell in LLM_CELLS:
             if only and only not in cell["name"]:
                 continue
@@ -237,12 +252,13 @@ def main(argv=None) -> int:
                     help="give the bundled (step) profile an assumed host_variation record "
                          "(between-runs and within-run CV, 0.25 s windows): a sensitivity check")
     ap.add_argument("--host-records", type=Path, nargs="+", default=(),
-                    help="request table: measured host-variation records (sidecars of schedsim profile "
-                         "--batch-sizes 1 --seq-lens 128 --host-variation-s 2 on the serving machines), pooled "
-                         "over the bundled table's batch-1 mean")
+                    help="measured host-variation records, pooled: request table, sidecars of schedsim profile "
+                         "--batch-sizes 1 --seq-lens 128 --host-variation-s 2 on the serving machines (over the "
+                         "bundled table's batch-1 mean); LLM table, sidecars of schedsim profile llm "
+                         "--host-variation-s 2 (over the first record's rounds)")
     args = ap.parse_args(argv)
     df = (request_level(args.replications, args.only, args.host_cv, args.host_records) if args.table == "request"
-          else llm(args.only, args.replications, args.host_cv))
+          else llm(args.only, args.replications, args.host_cv, args.host_records))
     for line in summary_lines(df):
         print(line)
     if args.out:

@@ -16,12 +16,13 @@ measures both, and this module splits them (docs/validation/bands.md, "The LLM b
 - **Per-step noise** (:class:`StepSpread`): the rest of each composition's measured
   spread, ``cv_step^2 = (std / mean)^2 - sigma^2``, independent from step to step. A step
   draws a mean-one log-normal factor whose log-variance is ``log(1 + cv_step^2)`` of a
-  composition drawn at random among the profiled ones of its kind (CUDA-graph decode
-  steps, eager steps): the kind's measured mixture of spreads, heavy-tailed where the
-  profile's eager steps are. A run of ``m`` identical decode steps (priced once by the
-  model) draws one factor for the run's mean, of variance ``cv^2 / m`` (``cv`` the root
-  mean square of the kind's): the sum is what a run's later steps and its tokens see, and
-  it averages out as ``1 / sqrt(m)``.
+  composition drawn at random among the profiled ones of its class: CUDA-graph decode
+  steps, or eager steps of the same token-count class (:data:`EAGER_TOKEN_EDGES`: on the
+  H200 profile the spread falls from 23% root mean square at up to 256 tokens, where a
+  step is its launches and a new token count's first call, to 1% above 4,096). A run of
+  ``m`` identical decode steps (priced once by the model) draws one factor for the run's
+  mean, of variance ``cv^2 / m`` (``cv`` the root mean square of the class's): the sum is
+  what a run's later steps and its tokens see, and it averages out as ``1 / sqrt(m)``.
 - **The host's speed**, when the sidecar has a ``host_variation`` record (``schedsim
   profile llm --host-variation-s``): as at request level (:mod:`schedsim.run.bands`), the
   record's window timeline replayed (:class:`~schedsim.run.bands.HostTimeline`, the trace
@@ -45,6 +46,10 @@ from schedsim.run.bands import _HOST_STREAM, HostTimeline, scaled_step_cost, tra
 
 _STEP_STREAM = 0x73746570  # "step": a replication's step-time draws, from its seed
 
+EAGER_TOKEN_EDGES = (256, 1024, 4096)
+"""Upper edges of the eager steps' token-count classes (a step's tokens computed; the last
+class is open): a step draws its noise from profiled compositions of its own class."""
+
 NO_HOST_RECORD = ("the host's speed between and within runs: the step profile's sidecar has no host_variation "
                   "record (schedsim profile llm --host-variation-s S measures one)")
 """The band record's ``absent`` entry when the profile has no host record."""
@@ -58,6 +63,8 @@ class StepSpread:
     """Per profiled CUDA-graph decode composition: log-sd of one step's noise factor."""
     eager_log_sd: np.ndarray
     """Per profiled eager composition (any prefill, or more decodes than the largest graph)."""
+    eager_tokens: np.ndarray
+    """Tokens each of those compositions computes in a step."""
     graph_max: int
     """The largest captured decode batch (0: no graphs, every step is eager)."""
     level_sigma: float
@@ -87,21 +94,34 @@ class StepSpread:
         log_sd = np.sqrt(np.log1p(cv2))
         graphs = profile.cuda_graph_batch_sizes
         graph_max = max(graphs) if graphs else 0
-        graph = ((np.asarray(cols["prefill_seqs"]) == 0) & (np.asarray(cols["decode_seqs"]) <= graph_max))[ok]
-        return cls(log_sd[graph], log_sd[~graph], int(graph_max), float(level), rounds)
+        prefill, decode = np.asarray(cols["prefill_seqs"]), np.asarray(cols["decode_seqs"])
+        tokens = (prefill * np.asarray(cols["prefill_chunk"]) + decode)[ok]
+        graph = ((prefill == 0) & (decode <= graph_max))[ok]
+        return cls(log_sd[graph], log_sd[~graph], tokens[~graph].astype(np.int64), int(graph_max), float(level), rounds)
 
-    def rms_cv(self, graph: bool) -> float:
-        """Root mean square of one step's CV over the kind's compositions (0 when none)."""
-        s = self.graph_log_sd if graph else self.eager_log_sd
+    @staticmethod
+    def eager_class(tokens: int) -> int:
+        """The token-count class of an eager step of ``tokens`` tokens (:data:`EAGER_TOKEN_EDGES`)."""
+        return int(np.searchsorted(EAGER_TOKEN_EDGES, tokens))
+
+    def classes(self) -> list[np.ndarray]:
+        """Log-sds per class: the graph decode compositions, then each eager token-count class
+        (a class the profile left empty borrows all eager compositions)."""
+        cls = np.searchsorted(EAGER_TOKEN_EDGES, self.eager_tokens)
+        eager = [self.eager_log_sd[cls == k] for k in range(len(EAGER_TOKEN_EDGES) + 1)]
+        return [self.graph_log_sd] + [e if e.size else self.eager_log_sd for e in eager]
+
+    def rms_cv(self, k: int) -> float:
+        """Root mean square of one step's CV over class ``k`` of :meth:`classes` (0 when empty)."""
+        s = self.classes()[k]
         return math.sqrt(float(np.mean(np.expm1(s ** 2)))) if s.size else 0.0
 
     def describe(self) -> str:
-        def pct(a):
-            return f"{100 * math.sqrt(float(np.mean(np.expm1(a ** 2)))):.1f}%" if a.size else "none"
-
-        return (f"step-time draws (the step profile's measured spread, per step: CV {pct(self.graph_log_sd)} "
-                f"over {self.graph_log_sd.size} graph decode compositions, {pct(self.eager_log_sd)} over "
-                f"{self.eager_log_sd.size} eager ones, root mean square)")
+        names = ["graph decode"] + [f"eager <= {e:,}" for e in EAGER_TOKEN_EDGES] + \
+            [f"eager > {EAGER_TOKEN_EDGES[-1]:,}"]
+        parts = [f"{n} {100 * self.rms_cv(k):.1f}%" for k, n in enumerate(names)]
+        return ("step-time draws (the step profile's measured spread per step, CV root mean square by "
+                f"class of step and tokens: {', '.join(parts)})")
 
     def level_source(self) -> str:
         return (f"per-run level (the step profile's drift record over {self.rounds} rounds: log-sd "
@@ -118,8 +138,8 @@ class NoisyStepCost(StepCost):
         self.model, self.spread, self.rng = model, spread, rng
         self.host_ns = model.host_ns
         self.draft_ns = model.draft_ns
-        self._graph_cv2 = spread.rms_cv(True) ** 2
-        self._eager_cv2 = spread.rms_cv(False) ** 2
+        self._classes = spread.classes()
+        self._cv2 = [spread.rms_cv(k) ** 2 for k in range(len(self._classes))]
         self._z: list = []
         self._u: list = []
 
@@ -133,20 +153,23 @@ class NoisyStepCost(StepCost):
             self._u = self.rng.random(self._BLOCK).tolist()
         return self._u.pop()
 
-    def _is_graph(self, rows: int, decode_only: bool) -> bool:
-        return decode_only and rows <= self.spread.graph_max
+    def _class(self, rows: int, tokens: int) -> int:
+        """Class (of :meth:`StepSpread.classes`) of a step of ``rows`` rows computing ``tokens``."""
+        if tokens == rows and rows <= self.spread.graph_max:
+            return 0   # decode-only, replayed as a graph
+        return 1 + StepSpread.eager_class(tokens)
 
-    def _one(self, graph: bool) -> float:
-        """One step's factor: a profiled composition of the kind, then its log-normal."""
-        s = self.spread.graph_log_sd if graph else self.spread.eager_log_sd
+    def _one(self, k: int) -> float:
+        """One step's factor: a profiled composition of class ``k``, then its log-normal."""
+        s = self._classes[k]
         if not s.size:
             return 1.0
         sd = float(s[min(int(self._uniform() * s.size), s.size - 1)])
         return math.exp(sd * self._normal() - 0.5 * sd * sd)
 
-    def _mean_of(self, graph: bool, m: int) -> float:
-        """The factor of the mean of ``m`` independent steps of the kind."""
-        cv2 = (self._graph_cv2 if graph else self._eager_cv2) / max(m, 1)
+    def _mean_of(self, k: int, m: int) -> float:
+        """The factor of the mean of ``m`` independent steps of class ``k``."""
+        cv2 = self._cv2[k] / max(m, 1)
         if cv2 <= 0:
             return 1.0
         sd = math.sqrt(math.log1p(cv2))
@@ -154,14 +177,12 @@ class NoisyStepCost(StepCost):
 
     def step_ns(self, num_tokens: np.ndarray, context: np.ndarray, swap_blocks: int = 0) -> int:
         t = self.model.step_ns(num_tokens, context, swap_blocks)
-        rows = num_tokens.shape[0]
-        graph = self._is_graph(rows, bool(rows) and int(num_tokens.max()) == 1)
-        return max(1, round(t * self._one(graph)))
+        return max(1, round(t * self._one(self._class(num_tokens.shape[0], int(num_tokens.sum())))))
 
     def decode_run_segments(self, context: np.ndarray, k: int) -> tuple[list[int], list[int]]:
         counts, prices = self.model.decode_run_segments(context, k)
-        graph = self._is_graph(context.shape[0], True)
-        return counts, [max(1, round(p * self._mean_of(graph, c))) for c, p in zip(counts, prices)]
+        cls = self._class(context.shape[0], context.shape[0])
+        return counts, [max(1, round(p * self._mean_of(cls, c))) for c, p in zip(counts, prices)]
 
     def decode_run_ns(self, context: np.ndarray, k: int) -> np.ndarray:
         if k <= 0:

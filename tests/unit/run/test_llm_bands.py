@@ -57,7 +57,13 @@ def test_spread_from_the_bundled_profile_splits_level_and_steps():
     cv = PROFILE.columns["latency_ms_std"] / PROFILE.columns["latency_ms_mean"]
     cv_step = np.sqrt(np.maximum(cv ** 2 - math.expm1(SPREAD.level_sigma ** 2), 0))
     assert np.allclose(np.sqrt(np.expm1(SPREAD.graph_log_sd ** 2)), cv_step[graph])
-    assert 0.01 < SPREAD.rms_cv(True) < 0.05 < 0.1 < SPREAD.rms_cv(False) < 0.3
+    assert 0.01 < SPREAD.rms_cv(0) < 0.05
+    # Eager steps: the spread falls with the step's tokens (launches and first calls below 1,000).
+    eager = [SPREAD.rms_cv(k) for k in range(1, 5)]
+    assert eager == sorted(eager, reverse=True) and eager[0] > 0.15 and eager[-1] < 0.03
+    tokens = PROFILE.columns["prefill_seqs"] * PROFILE.columns["prefill_chunk"] + PROFILE.columns["decode_seqs"]
+    assert np.array_equal(SPREAD.eager_tokens, tokens[~graph])
+    assert [StepSpread.eager_class(t) for t in (1, 256, 257, 4096, 8192)] == [0, 0, 1, 2, 3]
     assert "step-time draws" in SPREAD.describe() and "drift record" in SPREAD.level_source()
     no_std = dataclasses.replace(PROFILE, columns={k: v for k, v in PROFILE.columns.items() if k != "latency_ms_std"})
     assert StepSpread.from_profile(no_std) is None
@@ -71,15 +77,16 @@ def test_step_noise_has_mean_one_and_runs_average_it_out():
     base = COST.step_ns(ones, ctx)
     draws = np.array([cost.step_ns(ones, ctx) for _ in range(20_000)]) / base
     assert draws.mean() == pytest.approx(1.0, abs=0.002)
-    assert draws.std() == pytest.approx(SPREAD.rms_cv(True), rel=0.1)
-    chunk = (np.array([512], np.int32), np.array([0], np.int32))
-    eager = np.array([cost.step_ns(*chunk) for _ in range(20_000)]) / COST.step_ns(*chunk)
-    assert eager.mean() == pytest.approx(1.0, abs=0.01)
-    assert eager.std() == pytest.approx(SPREAD.rms_cv(False), rel=0.15)
+    assert draws.std() == pytest.approx(SPREAD.rms_cv(0), rel=0.1)
+    for tokens, k in ((512, 2), (8192, 4)):   # a chunk draws from its own token-count class
+        chunk = (np.array([tokens], np.int32), np.array([0], np.int32))
+        eager = np.array([cost.step_ns(*chunk) for _ in range(20_000)]) / COST.step_ns(*chunk)
+        assert eager.mean() == pytest.approx(1.0, abs=0.01)
+        assert eager.std() == pytest.approx(SPREAD.rms_cv(k), rel=0.15)
     # A run of 400 decode steps draws the noise of its mean: sd cv / 20.
     counts, prices = COST.decode_run_segments(ctx, 400)
     runs = np.array([np.dot(*cost.decode_run_segments(ctx, 400)) for _ in range(4000)]) / np.dot(counts, prices)
-    assert runs.std() == pytest.approx(SPREAD.rms_cv(True) / 20, rel=0.15)
+    assert runs.std() == pytest.approx(SPREAD.rms_cv(0) / 20, rel=0.15)
     assert np.array_equal(cost.decode_run_ns(ctx, 0), COST.decode_run_ns(ctx, 0))
 
 
