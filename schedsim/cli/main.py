@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
     if argv is None and sys.argv[1:2] == ["run"]:
         _reuse_freed_memory()
+        _one_blas_thread()
     try:
         return _main(argv)
     finally:
@@ -235,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             # next: freezing every object spares the interpreter's final full collection
             # over all imported modules' objects (about 45 ms of a `schedsim run`).
             gc.freeze()
+
+
+def _one_blas_thread() -> None:
+    """For ``schedsim run`` run as the program, before numpy loads: numpy's OpenBLAS starts a
+    thread per core and their buffers at import, about 30 ms of CPU on 2 cores, for linear
+    algebra that a run does not do. A value the user set is kept."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _reuse_freed_memory() -> None:

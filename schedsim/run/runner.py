@@ -12,24 +12,23 @@ from schedsim.core.simulate import pair_grid_model, simulate
 from schedsim.cost.model import CostModel
 from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
-from schedsim.planning.fleet import simulate_spec_fleet
 from schedsim.registry import build_policy
 from schedsim.run.bands import (REQUEST_KEYS, compute_band, host_sigma, plan_band, request_level_one,
                                  trace_duration_s)
 from schedsim.core.results import PolicyError
 from schedsim.run.guard import check_served, guard, unwrap
-from schedsim.run.llm_runner import execute_llm, is_llm_run, might_be_llm
 from schedsim.run.outdir import claim_run_dir
 from schedsim.run.spec import (LLMOptions, RunInputs, RunOutcome, RunSpec, check_spec, effective_settings,
                                  policy_config, trace_notes)
 from schedsim.traces.io import from_first_arrival, load_trace, scale_rate
-from schedsim.triton.config import load_triton_config, to_policy_kwargs
 
 
 def policy_params(spec: RunSpec) -> tuple[dict, int]:
     """Policy keyword arguments and instance count, Triton config first, flags on top."""
     params, instances = {}, spec.instances
     if spec.triton_config is not None:
+        from schedsim.triton.config import load_triton_config, to_policy_kwargs  # lazy: only with --triton-config
+
         if spec.policy != "dynamic":
             raise InputError(f"--triton-config: applies to --policy dynamic, not {spec.policy!r}")
         cfg = load_triton_config(spec.triton_config)
@@ -66,6 +65,8 @@ def effective_policy(spec: RunSpec) -> str:
     """The policy ``spec`` runs: a Triton config without a ``dynamic_batching`` block is served
     by Triton's default scheduler, which runs each request as it comes (``none``)."""
     if spec.triton_config is not None and spec.policy == "dynamic":
+        from schedsim.triton.config import load_triton_config  # lazy: only with --triton-config
+
         if not load_triton_config(spec.triton_config).has_dynamic_batching:
             return "none"
     return spec.policy
@@ -97,7 +98,9 @@ def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
     slo_terms(spec)
     if spec.out is not None:
         claim_run_dir(spec.out, spec.overwrite)  # before simulating: a bad --out fails now
-    if might_be_llm(spec.policy, llm):
+    if _might_be_llm(spec.policy, llm):
+        from schedsim.run.llm_runner import execute_llm, is_llm_run
+
         check_spec(spec)
         trace = prepare_trace(spec)
         if is_llm_run(spec.policy, trace):
@@ -110,6 +113,22 @@ def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
             return execute_llm(spec, llm, trace)
         llm.reject_for_request_level(spec.policy)
     return _execute_request_level(spec, trace, phase)
+
+
+def _might_be_llm(policy: str, llm: LLMOptions) -> bool:
+    """llm_runner.might_be_llm, without importing the LLM runner (its simulator, step cost model
+    and bands: about 25 ms of a small run's start-up) for the request-level-only policies."""
+    if policy in ("dynamic", "none") and not llm.given():
+        return False
+    from schedsim.run.llm_runner import might_be_llm
+
+    return might_be_llm(policy, llm)
+
+
+def _simulate_fleet(spec: RunSpec, inputs: RunInputs, cost, seed: int):
+    from schedsim.planning.fleet import simulate_spec_fleet  # lazy: only with --replicas
+
+    return simulate_spec_fleet(spec, inputs, cost, seed=seed)
 
 
 def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -> RunOutcome:
@@ -144,7 +163,7 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
               + (f", replication {i + 1} of {spec.replications}" if spec.replications > 1 else ""))
         try:
             if spec.replicas > 1:
-                result = simulate_spec_fleet(spec, inputs, cost, seed=spec.seed + i)
+                result = _simulate_fleet(spec, inputs, cost, seed=spec.seed + i)
             else:
                 result = simulate(requests, policy, cost, instances=instances, seed=spec.seed + i)
         except PolicyError as exc:
@@ -209,7 +228,7 @@ def request_capacity(spec: RunSpec, inputs: RunInputs, cost, summary: dict, resu
     def simulate_at(requests, seed):
         try:
             if spec.replicas > 1:
-                return simulate_spec_fleet(spec, dataclasses.replace(inputs, requests=requests), cost, seed=seed)
+                return _simulate_fleet(spec, dataclasses.replace(inputs, requests=requests), cost, seed=seed)
             return simulate(requests, policy, cost, instances=instances, seed=seed)
         except PolicyError as exc:
             raise policy_input_error(exc, spec.policy, policy) from exc
