@@ -194,10 +194,19 @@ class KVCacheManager:
         cache = self._cache
         hits = 0
         if limit and keys[0] in cache:   # (most lookups miss at once: no list of keys then)
-            for key in keys[:limit]:
-                if key not in cache:
+            # Keys a slice at a time, growing: a lookup repeated every step while its request
+            # waits reads what it hits, not its whole prompt's keys.
+            size = 16
+            while True:
+                end = min(limit, hits + size)
+                for key in keys[hits:end]:
+                    if key not in cache:
+                        end = -1
+                        break
+                    hits += 1
+                if end < 0 or hits == limit:
                     break
-                hits += 1
+                size *= 4
         tokens = hits * self.block_size
         if count:
             self.hit_tokens += tokens

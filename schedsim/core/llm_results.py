@@ -91,47 +91,46 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     ``emit_tokens`` (speculative decoding): tokens each entry emits, None: one per emitting
     entry. Tokens a step emits together arrive together: one inter-token gap per step that
     emits (as vLLM's benchmark counts one per streamed chunk)."""
-    # Entries sorted by request, then time: entries come in record order, so a stable sort
-    # by request is enough (a radix sort, linear, where request numbers fit 16 bits).
+    # Entries grouped by request, in time order within each: entries come in record order,
+    # so a stable sort by request is enough (a radix sort, linear, where request numbers fit
+    # 16 bits). Each entry's record and whether it emits move in one gather (the moves
+    # through a random order are what costs); the grouped requests are a repeat, and where
+    # each group starts a cumulative sum of the entries per request.
     order = np.argsort(rows.astype(np.uint16) if n <= 1 << 16 else rows, kind="stable")
-    srows = rows[order]
-    srec = (rec.astype(np.int32) if rec.size < 1 << 31 else rec)[order]   # half the memory to move
-    first_of = _run_starts(srows)
-    last_of = np.empty(srows.size, bool)
-    last_of[-1:] = True
-    last_of[:-1] = first_of[1:]
+    packed = (rec.astype(np.int32) if rec.size and int(rec[-1]) < 1 << 30 else rec.astype(np.int64)) << 1
+    packed |= emits
+    packed = packed[order]
+    srec = packed >> 1
+    seen = np.bincount(rows, minlength=n)
+    ends = np.cumsum(seen)
+    present = np.flatnonzero(seen)
     first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-    first_seen[srows[first_of]] = srec[first_of]
-    last_seen[srows[last_of]] = srec[last_of]
+    first_seen[present] = srec[ends[present] - seen[present]]
+    last_seen[present] = srec[ends[present] - 1]
     scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
 
-    # Emitted tokens, sorted by request then time.
-    emitted = np.flatnonzero(emits[order])
-    er, erec = srows[emitted], srec[emitted]
+    # Emitted tokens, grouped by request then time.
+    emitted = np.flatnonzero(packed & 1)
+    erec = srec[emitted]
+    per_row = np.bincount(rows[emits], minlength=n)
+    er = np.repeat(np.arange(n, dtype=np.int64), per_row)
     weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order[emitted]]
     tokens_out = np.bincount(er, weights=weights, minlength=n).astype(np.int64)
-    first_of_row = _run_starts(er)
-    last_of_row = np.empty(er.size, bool)
-    last_of_row[-1:] = True
-    last_of_row[:-1] = first_of_row[1:]
+    eends = np.cumsum(per_row)
+    has = np.flatnonzero(per_row)
+    firsts, lasts = eends[has] - per_row[has], eends[has] - 1
     first_token_ns = np.full(n, -1, np.int64)
-    first_token_ns[er[first_of_row]] = first_end[erec[first_of_row]]
+    first_token_ns[has] = first_end[erec[firsts]]
     last_token_ns = np.full(n, -1, np.int64)
-    last_token_ns[er[last_of_row]] = end[erec[last_of_row]]
+    last_token_ns[has] = end[erec[lasts]]
     last_emit_rec = np.full(n, -1, np.int64)
-    last_emit_rec[er[last_of_row]] = erec[last_of_row]
-    later = np.flatnonzero(~first_of_row)
+    last_emit_rec[has] = erec[lasts]
+    later = np.ones(erec.size, bool)
+    later[firsts] = False
+    later = np.flatnonzero(later)
     gaps_ns = first_end[erec[later]] - end[erec[later - 1]]
     return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
                       tokens_out, gaps_ns, er[later])
-
-
-def _run_starts(sorted_rows: np.ndarray) -> np.ndarray:
-    """bool: where each run of equal values in ``sorted_rows`` starts."""
-    starts = np.empty(sorted_rows.size, bool)
-    starts[:1] = True
-    np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=starts[1:])
-    return starts
 
 
 def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:
