@@ -1,19 +1,24 @@
-"""What writing requests.csv costs, column by column, and what the float text could cost otherwise.
+"""What writing requests.csv costs: pyarrow's writer column by column, the float text made other
+ways, and schedsim's own writer (schedsim.run.csv_text), which ``--out`` uses.
 
-    python benchmarks/bench_csv_format.py           # 2,000,000 rows in chunks of 131,072, about 30 s
+    python benchmarks/bench_csv_format.py           # 2,000,000 rows, about 40 s
 
 The per-request table of a 2,000,000-request ``dynamic`` run (``schedsim run --out``) as
 ``schedsim.run.report`` builds it. Timed by CPU time (user + system of this process), best
 of ``--repeat``, on one chunk of rows at a time as the writer formats them:
 
-- pyarrow's CSV writer on the chunk (what ``--out`` runs, one chunk per task);
+- pyarrow's CSV writer on the chunk (what ``--out`` ran until csv_text), and the same writer on
+  nine int64 columns (its cost beyond formatting the values);
 - pyarrow's cast of each column to text (the writer's own formatting step), float64 and
   integer columns apart;
 - two ways to make the float text from the integer nanoseconds the columns come from, each
   checked to give the same bytes as pyarrow's cast of the float: integer and fraction
   digits through pyarrow.compute (cast the parts to text, strip the fraction's trailing
   zeros, join them with "."), and a decimal128 column on the same integers cast to text
-  with its trailing zeros stripped.
+  with its trailing zeros stripped;
+- csv_text (``report.request_rows``, chunks of ``report._TEXT_CHUNK_ROWS``), checked byte for
+  byte against pyarrow's writer on every row, and ``report.write_csv`` of the whole file into
+  a temporary directory (threads and the write included).
 
 Writes benchmarks/results/bench_csv_format.json.
 """
@@ -76,6 +81,7 @@ def main() -> int:
     from schedsim.cost.model import CostModel
     from schedsim.cost.profile import default_profile_path, load_profile
     from schedsim.registry import build_policy
+    from schedsim.run import report as run_report
     from schedsim.run.report import request_table
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-csv-"))
@@ -99,6 +105,33 @@ def main() -> int:
     def writer():
         for t in tables:
             pacsv.write_csv(t, pa.BufferOutputStream(), pacsv.WriteOptions(include_header=False))
+
+    int_tables = [pa.table({f.name: pa.array(np.arange(len(t), dtype=np.int64)) for f in t.schema}) for t in tables]
+
+    def writer_ints():
+        for t in int_tables:
+            pacsv.write_csv(t, pa.BufferOutputStream(), pacsv.WriteOptions(include_header=False))
+
+    text_rows = run_report._TEXT_CHUNK_ROWS
+    text_chunks = range(0, args.n, text_rows)
+
+    def text():
+        return [run_report.request_rows(result, trace.request_id, s, min(s + text_rows, args.n)) for s in text_chunks]
+
+    # csv_text's rows each begin with a newline: the same bytes as the writer's, shifted by one.
+    ours = b"".join(bytes(c) for c in text())
+    sink = pa.BufferOutputStream()
+    for t in tables:
+        pacsv.write_csv(t, sink, pacsv.WriteOptions(include_header=False))
+    theirs = sink.getvalue().to_pybytes()
+    assert ours[1:] + b"\n" == theirs, "csv_text differs from pyarrow's writer"
+    del ours, theirs, sink
+    parts = run_report.TableParts(args.n, lambda a, b: request_table(result, trace.request_id, a, b),
+                                  lambda a, b: run_report.request_rows(result, trace.request_id, a, b))
+
+    def whole_file():
+        run_report.write_csv(parts, tmp / "requests.csv")
+        (tmp / "requests.csv").unlink()
 
     def cast(names):
         def go():
@@ -127,16 +160,22 @@ def main() -> int:
     values_float = args.n * len(floats)
     timings = {
         "csv_writer_all_columns_s": best_cpu(writer, args.repeat),
+        "csv_writer_9_int64_columns_s": best_cpu(writer_ints, args.repeat),
+        "csv_text_all_columns_s": best_cpu(text, args.repeat),
+        "csv_text_write_csv_file_s": best_cpu(whole_file, args.repeat),
         "cast_float_columns_s": best_cpu(cast(floats), args.repeat),
         "cast_integer_columns_s": best_cpu(cast(ints), args.repeat),
         "ns_to_text_via_compute_3_columns_s": best_cpu(other(digits_via_compute), args.repeat),
         "ns_to_text_via_decimal_3_columns_s": best_cpu(other(digits_via_decimal), args.repeat),
     }
     report = {"benchmark": "bench_csv_format", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": args.n,
-              "chunk_rows": CHUNK, "float_columns": floats, "integer_columns": ints, "pyarrow": pa.__version__,
+              "chunk_rows": CHUNK, "csv_text_chunk_rows": text_rows, "float_columns": floats, "integer_columns": ints, "pyarrow": pa.__version__,
               "loadavg_1m_before": load0, "loadavg_1m_after": os.getloadavg()[0], "cpu": timings,
               "ns_per_value": {
                   "csv_writer_per_row": timings["csv_writer_all_columns_s"] / args.n * 1e9,
+                  "csv_writer_9_int64_per_row": timings["csv_writer_9_int64_columns_s"] / args.n * 1e9,
+                  "csv_text_per_row": timings["csv_text_all_columns_s"] / args.n * 1e9,
+                  "csv_text_write_csv_per_row": timings["csv_text_write_csv_file_s"] / args.n * 1e9,
                   "cast_float": timings["cast_float_columns_s"] / values_float * 1e9,
                   "cast_integer": timings["cast_integer_columns_s"] / (args.n * len(ints)) * 1e9,
                   "via_compute": timings["ns_to_text_via_compute_3_columns_s"] / (args.n * 3) * 1e9,

@@ -95,13 +95,22 @@ class Rows:
     a newline at the end): :meth:`text` gives ``"\\n" row "\\n" row ...``, so the header goes
     without its newline and the file ends with one (:func:`header`, :data:`END`)."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, first: bool = True):
+        """``first``: the rows' first column comes first in the file's rows (else the columns
+        added here are a block to :meth:`repeat` in another Rows)."""
+        self.n, self._first = n, first
         self._units: list[np.ndarray] = []  # each (n,) or (n, k) units, in row order
         self._t = _tables()
 
     def _sep(self) -> int:
-        return ord(",") if self._units else ord("\n")
+        return ord(",") if self._units or not self._first else ord("\n")
+
+    def repeat(self, block: "Rows", index: np.ndarray) -> None:
+        """The columns of ``block`` (Rows of distinct values, ``first=False``), row ``index[i]``
+        of it in row i: columns whose values repeat (a batch's start, end and size shared by
+        its requests) are made once per distinct row and copied as one block."""
+        units = np.hstack([u.reshape(block.n, -1) for u in block._units])
+        self._units.append(units.take(index, axis=0))
 
     def integer(self, values: np.ndarray, valid: np.ndarray | None = None) -> None:
         """A column of non-negative integers (empty where not ``valid``)."""

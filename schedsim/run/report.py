@@ -80,22 +80,38 @@ class TableParts:
 
 def request_rows(result: SimResult, request_id: np.ndarray, start: int, stop: int) -> bytearray:
     """Rows ``start`` to ``stop`` of :func:`request_table` as CSV text, the bytes pyarrow writes
-    (the columns from the integer nanoseconds, :mod:`schedsim.run.csv_text`)."""
+    (the columns from the integer nanoseconds, :mod:`schedsim.run.csv_text`). The requests of
+    a batch share its start, end, size, instance and status: those are made once per run of
+    equal rows."""
     rows = slice(start, stop)
     arrival, start_ns, end_ns = result.requests.arrival_ns[rows], result.start_ns[rows], result.end_ns[rows]
+    size, instance, status = result.batch_size[rows], result.instance[rows], result.status[rows]
+    n = len(arrival)
+    new_run = np.ones(n, bool)
+    for column in (start_ns, end_ns, size, instance, status):
+        new_run[1:] &= column[1:] == column[:-1]
+    np.logical_not(new_run, out=new_run)
+    new_run[:1] = True
+    firsts = np.flatnonzero(new_run)
+    run_of_row = np.cumsum(new_run) - 1
     started, ended = start_ns >= 0, end_ns >= 0
     both = ended & started
     started, ended, both = (None if m.all() else m for m in (started, ended, both))
-    text = Rows(len(arrival))
+    run_started, run_ended = (None if m is None else m[firsts] for m in (started, ended))
+    times = Rows(len(firsts), first=False)
+    times.decimal(start_ns[firsts], 9, run_started)
+    times.decimal(end_ns[firsts], 9, run_ended)
+    batch = Rows(len(firsts), first=False)
+    batch.integer(size[firsts], run_started)
+    batch.integer(instance[firsts], run_started)
+    batch.labels(status[firsts], STATUS_NAMES)
+    text = Rows(n)
     text.integer(request_id[rows])
     text.decimal(arrival, 9)
-    text.decimal(start_ns, 9, started)
-    text.decimal(end_ns, 9, ended)
+    text.repeat(times, run_of_row)
     text.decimal(end_ns - arrival, 6, both)
     text.decimal(start_ns - arrival, 6, started)
-    text.integer(result.batch_size[rows], started)
-    text.integer(result.instance[rows], started)
-    text.labels(result.status[rows], STATUS_NAMES)
+    text.repeat(batch, run_of_row)
     return text.text()
 
 

@@ -98,3 +98,20 @@ def test_edges_of_pyarrows_notation():
     k = np.array([0, 1000, 10**9, 999_999_999_999_999, 123_000_000_000], np.int64)
     expected = pyarrow_csv({"s": decimal_columns(k, 9, np.ones(len(k), bool))})
     assert ours(["s"], lambda r: r.decimal(k, 9), len(k)) == expected
+
+
+def test_a_repeated_block_is_the_columns_added_row_by_row():
+    k = np.array([5_000_000, 7, 0, 123_456_789_012], np.int64)
+    valid = np.array([True, False, True, True])
+    index = np.array([0, 0, 3, 1, 1, 2, 3])
+    block = Rows(len(k), first=False)
+    block.decimal(k, 9, valid)
+    block.labels(np.array([2, 0, 1, 3]), NAMES)
+    repeated = Rows(len(index))
+    repeated.integer(index)
+    repeated.repeat(block, index)
+    direct = Rows(len(index))
+    direct.integer(index)
+    direct.decimal(k[index], 9, valid[index])
+    direct.labels(np.array([2, 0, 1, 3])[index], NAMES)
+    assert bytes(repeated.text()) == bytes(direct.text())
