@@ -172,6 +172,12 @@ class PagedKV(LLMPolicy):
         self._prompt = np.asarray(p.prompt, dtype=np.int64)
         self._output = np.asarray(p.output, dtype=np.int64)
         self._running_rows = None   # self.running as an array, where on_step_done knows it
+        # Whether a running request's count of full blocks (full) must be kept step by step:
+        # where some request has keys others may share (registered as its blocks fill) or a
+        # swap registers its victim's full blocks. Otherwise nothing reads it while the
+        # request runs (a finish counts its full blocks afresh, a recompute preemption its
+        # computed tokens), and the array paths leave it alone.
+        self._tracks_full = self.prefix_caching and (self.swap or bool(self._shared.any()))
         self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
                                  enable_prefix_caching=self.prefix_caching,
                                  num_swap_blocks=self.budget.num_swap_blocks,
@@ -475,13 +481,13 @@ class PagedKV(LLMPolicy):
             computed[rows] += step.num_tokens
             generated[rows] += step.emits
         left = generated[rows] < self._output[rows]
-        if self.prefix_caching and repeats > 1:   # as the row-by-row path, on arrays
+        if self._tracks_full and repeats > 1:   # as the row-by-row path, on arrays
             c = computed[rows]
             filled = c // bs
             due = (filled > self._full[rows]) & (filled > (c - repeats) // bs) & left
             for r, f in zip(rows[due].tolist(), filled[due].tolist()):
                 self._cache_full_blocks(r, f)
-        if left.all():
+        if _all(left):
             self._finished = []
             running = rows
         else:
@@ -619,29 +625,29 @@ class PagedKV(LLMPolicy):
         n = known - c
         if self.threshold:
             np.minimum(n, self.threshold, out=n)
-        cs = np.cumsum(n)
+        cs = _cumsum(n)
         if cs[-1] <= budget:
             budget -= int(cs[-1])
         else:   # rows start while budget is left; the last one gets what is left
             before = cs - n
-            m = int(np.searchsorted(before, budget))
+            m = int(before.searchsorted(budget))
             rows, c, known, n = rows[:m], c[:m], known[:m], n[:m]
             n[m - 1] = budget - before[m - 1]
             budget = 0
         end = c + n
-        grow = np.flatnonzero(end > cap[rows])
+        grow = (end > cap[rows]).nonzero()[0]
         register = due = None
-        if self.prefix_caching:
+        if self._tracks_full:
             filled = np.minimum(end, known) // bs
             due = (end // bs > c // bs) & (filled > full[rows])
-            if due.any():
+            if _any(due):
                 shares = due & (self._shared[rows] > full[rows])
-                if shares.any():   # registrations interleave with allocations, row by row
+                if _any(shares):   # registrations interleave with allocations, row by row
                     register = shares
             else:
                 due = None
         if register is not None:
-            if not self._allocate_in_order(rows, end, grow, np.flatnonzero(register), filled):
+            if not self._allocate_in_order(rows, end, grow, register.nonzero()[0], filled):
                 return None
             due &= ~register   # _cache_full_blocks moved their count
         elif grow.shape[0]:
@@ -676,7 +682,7 @@ class PagedKV(LLMPolicy):
         """How many identical decode steps can run before a request finishes or blocks run out
         (``rows`` and ``ctx`` as lists, or arrays for a step of many rows)."""
         if isinstance(rows, np.ndarray):
-            most = int((self._output[rows] - self._generated[rows]).min())
+            most = int(_minimum(self._output[rows] - self._generated[rows]))
         else:
             output, generated = self.p.output, self.p.generated
             most = min([output[r] - generated[r] for r in rows])
@@ -751,8 +757,15 @@ class PagedKV(LLMPolicy):
         first[first == 0] = bs
         total = rounds * rows.shape[0] + int(np.count_nonzero(first <= rest))
         if total:
-            cycle = rows[np.argsort(first, kind="stable")].tolist()
-            self.kv.allocate_round_robin(cycle, total)
+            order = np.argsort(first, kind="stable")
+            if total < order.shape[0]:   # less than a round (a short run): the rows that get one
+                order = order[:total]
+            self.kv.allocate_round_robin(rows[order].tolist(), total)
+
+
+# ndarray.any/all and np.cumsum without their Python-level wrappers (a busy step makes dozens
+# of such calls on a few hundred rows, where the wrappers cost as much as the work).
+_any, _all, _cumsum, _minimum = np.logical_or.reduce, np.logical_and.reduce, np.add.accumulate, np.minimum.reduce
 
 
 def _column(n: int, values: np.ndarray | None = None) -> array:
