@@ -113,6 +113,7 @@ def profile(
     triton_wake_requests: Annotated[int, typer.Option(help="triton: lone requests per pause for the wake curve (what idling costs an instance; 0 skips).")] = 30,
     triton_arrivals: Annotated[str, typer.Option(help="triton: closed (full batches back to back) or open (each size also under a Poisson stream at --triton-open-load of its throughput, requests arriving while batches run; the table from that).")] = "closed",
     triton_open_load: Annotated[float, typer.Option(help="triton: with --triton-arrivals open, the stream's rate as a fraction of each size's closed-loop throughput.")] = 0.9,
+    triton_host_servers: Annotated[int, typer.Option(help="triton: with --host-variation-s, also start this many fresh servers one after another, one round each, so the record's between-runs figure is between servers (each live run starts its own); 0: rounds of the table's server.")] = 0,
     out: Annotated[Optional[Path], typer.Option(help="Profile CSV to write (sidecar and samples go next to it).")] = None,
 ):
     """Measure a model on a backend into a cost table (CSV + JSON sidecar + raw samples)."""
@@ -134,7 +135,7 @@ def profile(
             zero_delay_requests=triton_zero_delay_requests, protocol=triton_protocol, seed=seed,
             wake_requests=triton_wake_requests, warmup_s=warmup_ms / 1e3, min_time_s=min_time_s,
             arrivals=triton_arrivals, open_load=triton_open_load, host_variation_s=host_variation_s,
-            pair_sizes=int_list(pair_batches, "--pair-batches"))
+            host_servers=triton_host_servers, pair_sizes=int_list(pair_batches, "--pair-batches"))
         outcome = run_triton_profile(spec, out, note=lambda text: _err.print(text, highlight=False))
         for w in outcome.warnings:
             _err.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)

@@ -62,13 +62,19 @@ def measure(call: Callable[[], float | None], *, rounds: int = 5, round_s: float
     for r in range(rounds):
         if r:
             sleep(pause_s)
-        start, starts, durations = clock(), [], []
-        while (t0 := clock()) - start < round_s:
-            took = call()
-            durations.append(float(took) if took is not None else clock() - t0)
-            starts.append(t0 - start)
-        samples.append((np.asarray(starts), np.asarray(durations)))
+        samples.append(time_round(call, round_s, clock))
     return summarise(samples, window_s, round_s=round_s, pause_s=pause_s, what=what)
+
+
+def time_round(call: Callable[[], float | None], round_s: float,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[np.ndarray, np.ndarray]:
+    """One round: ``call`` back to back for ``round_s``; (start offsets s, durations s)."""
+    start, starts, durations = clock(), [], []
+    while (t0 := clock()) - start < round_s:
+        took = call()
+        durations.append(float(took) if took is not None else clock() - t0)
+        starts.append(t0 - start)
+    return np.asarray(starts), np.asarray(durations)
 
 
 def summarise(samples: list[tuple[np.ndarray, np.ndarray]], window_s: float, *, round_s: float | None = None,

@@ -118,6 +118,11 @@ class TritonProfileSpec:
     host_variation_s: float = 0.0
     """Seconds per round of the host-variation record (5 rounds of lone requests through the
     server, :mod:`schedsim.profiling.host_variation`); 0 skips it."""
+    host_servers: int = 0
+    """Fresh servers for the host-variation record: after the table, this many servers are
+    started one after another, each timing one round of lone requests, so the record's
+    between-runs figure is between servers (a live run starts its own) rather than between
+    rounds of one server; 0: the rounds of the table's own server."""
     protocol: str = "http"
     """http (the live client's aiohttp requests, binary output) or grpc (tritonclient threads)."""
     trace: bool = True
@@ -150,6 +155,9 @@ class TritonProfileSpec:
             raise InputError(f"--triton-open-load: {self.open_load} is not valid; expected a fraction in (0, 1]")
         if not (math.isfinite(self.host_variation_s) and self.host_variation_s >= 0):
             raise InputError(f"--host-variation-s {self.host_variation_s}: must be >= 0")
+        if self.host_servers < 0 or (self.host_servers and not self.host_variation_s):
+            raise InputError(f"--triton-host-servers {self.host_servers}: expected an integer >= 0, "
+                             "with --host-variation-s for the length of each server's round")
         if self.protocol not in PROTOCOLS:
             raise InputError(f"--triton-protocol: {self.protocol!r} is not valid; expected http or grpc")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -256,9 +264,20 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
                            params={"max_batch_size": b, "max_queue_delay_us": QUEUE_DELAY_US})
         write_repository(repo, twin_name(b), cfg)
     if spec.zero_delay_requests or spec.host_variation_s:
-        cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params,
-                           params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
-        write_repository(repo, ZERO_DELAY_MODEL, cfg)
+        write_zero_delay_model(spec, repo, params)
+    return repo
+
+
+def write_zero_delay_model(spec: TritonProfileSpec, repo: Path, params: dict | None = None) -> Path:
+    """The zero-delay model (``max_queue_delay_microseconds: 0``): lone requests, the queue term,
+    the wake curve and the host-variation rounds."""
+    from schedsim.triton.repository import model_config, write_repository
+
+    base, kind, _ = _parameters(spec)
+    hidden = 768 if spec.model.endswith("bert-base") else 128
+    cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params or base,
+                       params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
+    write_repository(repo, ZERO_DELAY_MODEL, cfg)
     return repo
 
 
@@ -492,9 +511,29 @@ def _host_variation(server, spec: TritonProfileSpec, rng) -> dict:
     single-sample requests on the zero-delay model, one at a time over one kept-alive HTTP
     connection, each timed by the client (the frontend, the batcher and the model: what
     every request of a live run passes through), 5 rounds of ``spec.host_variation_s``."""
+    from schedsim.profiling.host_variation import measure, time_round
+
+    call, close = _lone_request(server, spec, rng)
+    try:
+        record = measure(call, rounds=5, round_s=spec.host_variation_s, window_s=_host_window_s(spec),
+                         pause_s=min(0.5, spec.host_variation_s / 4), what=_HOST_CALL.format(seq_len=spec.seq_len))
+        # With fresh servers to come, one more round here: the table's own server among them.
+        return record | ({"_first_server_round": time_round(call, spec.host_variation_s)} if spec.host_servers else {})
+    finally:
+        close()
+
+
+_HOST_CALL = "one request of seq_len {seq_len} through the server (HTTP, client time)"
+
+
+def _host_window_s(spec: TritonProfileSpec) -> float:
+    return min(0.25, spec.host_variation_s / 4)
+
+
+def _lone_request(server, spec: TritonProfileSpec, rng):
+    """(call, close): one lone request to the zero-delay model over a kept-alive HTTP connection."""
     import http.client
 
-    from schedsim.profiling.host_variation import measure
     from schedsim.triton.client import _body_parts
 
     prefix, suffix = _body_parts(spec.seq_len, 30522, rng)
@@ -509,12 +548,42 @@ def _host_variation(server, spec: TritonProfileSpec, rng) -> dict:
         if answer.status != 200:
             raise InputError(f"host variation: Triton answered {ZERO_DELAY_MODEL} with HTTP {answer.status}")
 
-    try:
-        return measure(call, rounds=5, round_s=spec.host_variation_s, window_s=min(0.25, spec.host_variation_s / 4),
-                       pause_s=min(0.5, spec.host_variation_s / 4),
-                       what=f"one request of seq_len {spec.seq_len} through the server (HTTP, client time)")
-    finally:
-        conn.close()
+    return call, conn.close
+
+
+def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, raw: Path, env: dict, rng, note) -> dict:
+    """The record over fresh servers: the table's own server's round first, then one round on
+    each of ``spec.host_servers`` servers started one after another (only the zero-delay model,
+    warmed by 50 requests). Its factors are over the table's own server's round, so a band
+    replays how much slower or faster than the table's server a fresh one ran; the record of
+    the table's server alone is kept under ``one_server``."""
+    from schedsim.profiling.host_variation import relative_to, summarise, time_round
+    from schedsim.triton.server import TritonServer, find_tritonserver
+
+    first = one_server.pop("_first_server_round")
+    repo = write_zero_delay_model(spec, raw / "host_servers_repository")
+    samples = [first]
+    for k in range(spec.host_servers):
+        with TritonServer(repo, raw / f"host_server_{k + 1}.log", find_tritonserver(), env=env,
+                          ready_timeout_s=spec.ready_timeout_s) as server:
+            call, close = _lone_request(server, spec, rng)
+            try:
+                for _ in range(50):
+                    call()
+                samples.append(time_round(call, spec.host_variation_s))
+            finally:
+                close()
+        note(f"host variation: server {k + 1} of {spec.host_servers}: mean {samples[-1][1].mean() * 1e3:.3f} ms "
+             f"(the table's server: {first[1].mean() * 1e3:.3f} ms)")
+    record = summarise(samples, _host_window_s(spec), round_s=spec.host_variation_s,
+                       what=_HOST_CALL.format(seq_len=spec.seq_len))
+    record = relative_to(record, float(first[1].mean()) * 1e3, "the table's own server, its round")
+    return record | {"scope": f"{len(samples)} Triton servers started one after another on one machine, one round "
+                              "each, the first the table's own", "one_server": one_server,
+                     "method": f"lone requests timed back to back for {spec.host_variation_s:g} s on each server (after "
+                               "50 warm-up requests on a fresh one); between_runs_cv = std/mean of the servers' "
+                               f"medians; within_run_cv = std of the {_host_window_s(spec):g}-second window medians "
+                               "over their server's median; the timeline from means, over the table's server's round"}
 
 
 def _trace_samples(trace_path: Path, results: dict) -> tuple[dict, list]:
@@ -622,6 +691,14 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
             error = exc
     if isinstance(error, InputError) and not results:
         raise error
+    if host and spec.host_servers and error is None:
+        note(f"host variation: {spec.host_servers} fresh servers, one round of {spec.host_variation_s:g} s each ...")
+        try:
+            host = _host_variation_servers(spec, host, raw, env, rng, note)
+        except (KeyboardInterrupt, InputError, RuntimeError, OSError) as exc:
+            warnings.append(f"host variation over fresh servers stopped ({exc}); the record is the table's server's")
+    if host:
+        host.pop("_first_server_round", None)
     samples, more = _trace_samples(trace_path, results) if spec.trace else ({}, [])
     warnings += more
     if not results:

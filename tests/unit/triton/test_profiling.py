@@ -105,6 +105,11 @@ def test_bad_flags_are_one_line_before_any_server_starts(tmp_path):
         TritonProfileSpec(host_variation_s=-1).check()
     with pytest.raises(InputError, match="--triton-open-load: 1.5"):
         TritonProfileSpec(arrivals="open", open_load=1.5).check()
+    with pytest.raises(InputError, match="--triton-host-servers 2: .* with --host-variation-s"):
+        TritonProfileSpec(host_servers=2).check()
+    assert_one_line_error(schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny",
+                                   "--triton-host-servers", "-1", "--host-variation-s", "1", "--out", out),
+                          "--triton-host-servers -1")
     assert not out.exists()
 
 
@@ -137,6 +142,35 @@ def test_open_arrivals_and_host_variation_through_the_server(tmp_path):
     host = meta["host_variation"]
     assert host["rounds"] == 5 and "through the server" in host["call"] and host["between_runs_cv"] >= 0
     assert len(host["round_factors"]) == 5 and np.mean(host["round_factors"]) == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_host_variation_over_fresh_servers_and_the_execution_log(tmp_path):
+    """--triton-host-servers: the record's rounds are servers (the table's own first, then each
+    fresh one), over the table's server; the one-server record is kept beside it. Every
+    profiled execution is in the execution log, full batches of its model's size."""
+    from schedsim.triton.execution_log import read_execution_log
+
+    _server_or_skip()
+    out = tmp_path / "hosts.csv"
+    proc = schedsim("profile", "--backend", "triton", "--model", "builtin:bert-tiny", "--batch-sizes", "1,2",
+                    "--seq-lens", "8", "--triton-batches", "10", "--triton-warmup-batches", "2",
+                    "--triton-zero-delay-requests", "0", "--triton-wake-requests", "0", "--min-time-s", "0",
+                    "--warmup-ms", "0", "--no-triton-trace", "--host-variation-s", "0.3", "--triton-host-servers", "2",
+                    "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "server 2 of 2" in proc.stderr
+    host = load_profile(out).meta["host_variation"]
+    assert host["rounds"] == 3 and host["scope"].startswith("3 Triton servers") and "fresh one" in host["method"]
+    assert host["round_factors"][0] == pytest.approx(1.0, abs=1e-4) and len(host["window_factors"]) == 3
+    assert host["one_server"]["rounds"] == 5 and "_first_server_round" not in host["one_server"]
+    raw = out.parent / "hosts.triton"
+    assert (raw / "host_server_1.log").is_file() and (raw / "host_server_2.log").is_file()
+    for b in (1, 2):  # every warm-up and measured batch (12 or more), each of b requests
+        (log,) = (raw / "executions").glob(f"profile_b{b}_*.log")
+        batches = [line.split(" ")[3].count(",") + 1 for line in log.read_text().splitlines()]
+        assert len(batches) >= 12 and set(batches) == {b}
+    assert read_execution_log(raw / "executions")  # the reader the live runs use parses it
 
 
 @pytest.mark.slow
