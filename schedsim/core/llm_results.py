@@ -115,22 +115,25 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     per_row = np.bincount(rows[emits], minlength=n)
     er = np.repeat(np.arange(n, dtype=np.int64), per_row)
     weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order[emitted]]
-    tokens_out = np.bincount(er, weights=weights, minlength=n).astype(np.int64)
     eends = np.cumsum(per_row)
     has = np.flatnonzero(per_row)
     firsts, lasts = eends[has] - per_row[has], eends[has] - 1
+    tokens_out = np.zeros(n, np.int64)
+    if has.size:
+        tokens_out[has] = np.add.reduceat(weights, firsts, dtype=np.int64)
     first_token_ns = np.full(n, -1, np.int64)
     first_token_ns[has] = first_end[erec[firsts]]
     last_token_ns = np.full(n, -1, np.int64)
     last_token_ns[has] = end[erec[lasts]]
     last_emit_rec = np.full(n, -1, np.int64)
     last_emit_rec[has] = erec[lasts]
+    # A gap into each emitting entry but a request's first, from the entry before it.
     later = np.ones(erec.size, bool)
     later[firsts] = False
-    later = np.flatnonzero(later)
-    gaps_ns = first_end[erec[later]] - end[erec[later - 1]]
+    later = later[1:]
+    gaps_ns = (first_end[erec[1:]] - end[erec[:-1]])[later]
     return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
-                      tokens_out, gaps_ns, er[later])
+                      tokens_out, gaps_ns, er[1:][later])
 
 
 def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:
@@ -149,4 +152,5 @@ def step_token_sums(tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, 
     if not sizes.size:
         return tokens, tokens
     starts = np.cumsum(sizes) - sizes
-    return np.add.reduceat(tokens, starts), np.add.reduceat(np.where(tokens > 1, tokens, 0), starts)
+    return (np.add.reduceat(tokens, starts, dtype=np.int64),
+            np.add.reduceat(np.where(tokens > 1, tokens, 0), starts, dtype=np.int64))

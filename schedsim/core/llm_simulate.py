@@ -245,7 +245,6 @@ class _Driver:
             np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
         rec = np.repeat(np.arange(nsteps), sizes)
         rows, tokens, emits = self.columns.arrays()
-        tokens = tokens.astype(np.int64)
 
         counts = None
         if self.emit_tokens is not None:
@@ -255,8 +254,12 @@ class _Driver:
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.
         measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
-        gaps = t.gaps_ns[measured[t.gap_rows]]
-        emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
+        if measured.all():   # (no warm-up: record by record, without moving the log through rec)
+            gaps = t.gaps_ns
+            emitting = np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=np.int64) if nsteps else sizes
+        else:
+            gaps = t.gaps_ns[measured[t.gap_rows]]
+            emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
         values = [gaps, np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))]
         counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
