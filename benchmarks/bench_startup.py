@@ -10,8 +10,9 @@ all of them alike (figures: min and median of CPU time, user + system, and of wa
 - ``schedsim run SMALL --json --band 0`` and the same printing tables, SMALL a 1,000-request
   Poisson trace (the whole run: start-up, reading the trace and profile, simulating,
   the capacity measurement, the summary);
-- the floor under them: ``python -c pass``, and a process importing only numpy, pyarrow and
-  pyarrow.csv, which any run that reads a CSV trace needs;
+- the floor under them: ``python -c pass``, a process importing only numpy, pyarrow and
+  pyarrow.csv, which any run that reads a CSV trace needs, and one importing those and typer
+  with one OpenBLAS thread (as ``schedsim run`` sets it): the libraries' share of a run;
 - ``python -c "import typer"``: the command-line library's own share.
 
 Then one ``python -X importtime`` of the small run, summed by top-level package. Writes
@@ -33,12 +34,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FLOOR = "import numpy, pyarrow, pyarrow.csv, typer (OPENBLAS_NUM_THREADS=1)"
 RESULTS = HERE / "results"
 
 
-def measure(cmd: list[str]) -> dict:
+def measure(cmd: list[str], env: dict | None = None) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=None if env is None else dict(os.environ, **env))
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed")
@@ -75,6 +78,8 @@ def main() -> int:
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "import numpy, pyarrow, pyarrow.csv": [sys.executable, "-c", "import numpy, pyarrow, pyarrow.csv"],
+        # What schedsim run loads before any of its own modules, with one OpenBLAS thread as it sets.
+        FLOOR: [sys.executable, "-c", "import numpy, pyarrow, pyarrow.csv, typer"],
         "import typer": [sys.executable, "-c", "import typer"],
         "schedsim run --help": [sys.executable, "-m", "schedsim.cli.main", "run", "--help"],
         "schedsim run SMALL --json --band 0": [*run, "--json"],
@@ -84,7 +89,7 @@ def main() -> int:
     loads = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for name, cmd in commands.items():
-            runs[name].append(measure(cmd))
+            runs[name].append(measure(cmd, {"OPENBLAS_NUM_THREADS": "1"} if name == FLOOR else None))
         loads.append(os.getloadavg()[0])
     report: dict = {"benchmark": "bench_startup", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "rounds": args.rounds, "cores": os.cpu_count(), "python": sys.version.split()[0],

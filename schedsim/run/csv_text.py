@@ -109,7 +109,7 @@ class Rows:
         """The columns of ``block`` (Rows of distinct values, ``first=False``), row ``index[i]``
         of it in row i: columns whose values repeat (a batch's start, end and size shared by
         its requests) are made once per distinct row and copied as one block."""
-        units = np.hstack([u.reshape(block.n, -1) for u in block._units])
+        units = np.hstack([u if u.ndim == 2 else u[:, None] for u in block._units])
         self._units.append(units.take(index, axis=0))
 
     def integer(self, values: np.ndarray, valid: np.ndarray | None = None) -> None:

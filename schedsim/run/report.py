@@ -119,7 +119,7 @@ def write_csv(table: pa.Table | TableParts, path) -> None:
     """``table`` as CSV, the bytes pyarrow's writer gives, made by chunks of rows on every core
     and written in order: by ``table.text`` where it has one (pyarrow's writer took 1.1 s of CPU
     for 2,000,000 requests), else by pyarrow (which formats on one thread)."""
-    text = getattr(table, "text", None)
+    text = table.text if isinstance(table, TableParts) else None
     chunk_rows = _TEXT_CHUNK_ROWS if text is not None else _CHUNK_ROWS
     workers = min(os.cpu_count() or 1, -(-table.num_rows // chunk_rows))
     if workers <= 1 and text is None:
