@@ -53,6 +53,7 @@ from schedsim.triton.repository import triton_prefetches  # noqa: E402
 SEQ_LEN = 128
 
 
+WARMUP_S = 0.5  # run_h200.py's warm-up: neither side counts requests scheduled before it
 EXTRAPOLATE = False  # --extrapolate: sizes past the table's largest from its last two
 
 
@@ -80,7 +81,7 @@ def simulate_cell(run: dict, profile: Path, replications: int, work: Path, recei
     if run["policy"] == "dynamic":  # Triton forms batches ahead under these settings: so does the simulator
         params.setdefault("prefetch", triton_prefetches(params))
     spec = RunSpec(trace=path, policy=run["policy"], params=params, profile=profile,
-                   instances=run["instances"], warmup_s=0.5, replications=replications, seed=1,
+                   instances=run["instances"], warmup_s=WARMUP_S, replications=replications, seed=1,
                    extrapolate=EXTRAPOLATE)
     return execute(spec).summary
 
@@ -90,6 +91,23 @@ def requests_file(args, run: dict) -> Path:
     if not path.is_file():
         raise SystemExit(f"{path}: no per-request times for this run (was the grid run with --keep-requests?)")
     return path
+
+
+def response_ready(received: Path, delta: dict, warmup_s: float) -> dict:
+    """Per request, send -> execute end (the model's execution log) plus the mean
+    compute_output of its batch's size in the run's own statistics: the execution log ends
+    when ``execute`` returns, before Triton gathers the responses (compute_output, about half
+    a Python-backend batch), which the simulator's batch cost includes. p50/p99 in ms of the
+    requests scheduled after the warm-up."""
+    rec = np.load(received)
+    out_ms = {int(b): st["compute_output"]["ns"] / st["compute_output"]["count"] / 1e6
+              for b, st in delta["batch_stats"].items() if st.get("compute_output", {}).get("count")}
+    size = rec["model_batch_requests"]
+    extra = np.array([out_ms.get(int(b), np.nan) for b in size])
+    ms = (rec["model_end_s"] - rec["sent_s"]) * 1e3 + extra
+    ms = ms[(rec["scheduled_s"] >= warmup_s) & np.isfinite(ms)]
+    return {"n": int(ms.size), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean())} if ms.size else {}
 
 
 def server_mean_ms(delta: dict) -> float:
@@ -110,7 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arrivals", choices=("trace", "sent"), default="trace",
                     help="simulate the seeded trace (default) or each run's arrivals as its client sent them")
     ap.add_argument("--requests", type=Path, help="folder of the runs' per-request npz files (run_h200.py "
-                                                  "--keep-requests), for --arrivals sent")
+                                                  "--keep-requests): server-side percentiles from every request "
+                                                  "with its batch's response phase, and --arrivals sent")
     ap.add_argument("--extrapolate", action="store_true",
                     help="let batch sizes past the table's largest take its last two sizes' line")
     args = ap.parse_args(argv)
@@ -169,6 +188,9 @@ def main(argv=None) -> int:
             pred = {"p50_ms": sim["p50_ms"] + path_ms, "p99_ms": sim["p99_ms"] + path_ms,
                     "server_mean_ms": sim["mean_ms"], "throughput_rps": sim["throughput_rps"],
                     "mean_batch_size": sim["mean_batch_size"]}
+            if args.requests is not None:  # every request, with its batch's response phase
+                for r in runs:
+                    r["server_side"] = response_ready(requests_file(args, r), r["triton_delta"], WARMUP_S)
             side = [r["server_side"] for r in runs if r["server_side"]]
             if side:  # traced runs only (a server that died kept no trace)
                 for q in ("p50", "p99"):

@@ -224,3 +224,25 @@ def gpu_busy_fraction(result, warmup_s: float = 0.0) -> float:
     spell_start = start[new]
     spell_end = np.maximum.reduceat(end, np.flatnonzero(new))
     return float((spell_end - spell_start).sum() / (t1 - t0))
+
+
+NEAR_CAPACITY_SHARE = 0.87
+"""Above this share of the simulated saturation rate (headroom under 1.15) a run gets the
+near-capacity warning. On real Triton servers (docs/validation/triton.md), cells offered
+94-100% of the table's capacity ran either stably or saturated depending on the server, with
+live means 2-3x apart; at 82% and below the same tables predicted within about 20%."""
+
+
+def near_capacity_warning(summary: dict) -> str | None:
+    """A warning when the offered rate is close to the saturation rate but not over it: there a
+    few percent on the batch cost moves latency by tens of percent, so one server's figure is
+    not another's. None when there is room (or when the run is overloaded: that warning says more)."""
+    share = summary.get("gpu_work_share")
+    saturation = (summary.get("capacity") or {}).get("saturation_rps")
+    if not (isinstance(share, (int, float)) and math.isfinite(share)) or not NEAR_CAPACITY_SHARE < share <= 1:
+        return None
+    return (f"near capacity: the offered rate is {share:.0%} of this configuration's simulated saturation "
+            f"({saturation:,.0f} req/s); a server a few percent slower than the table saturates here, and "
+            "Triton servers on one machine have run up to 1.3x apart, so latency at this load is not one "
+            "number: plan with more headroom, or read the band")
+

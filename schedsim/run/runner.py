@@ -199,7 +199,9 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
     if notes:
         summary["notes"] = notes
     summary |= request_capacity(spec, inputs, cost, summary, results[0], phase)
-    warning = overload(summary, results[0], spec.warmup_s)
+    from schedsim.planning.capacity import near_capacity_warning  # loaded with request_capacity's
+
+    warning = overload(summary, results[0], spec.warmup_s) or near_capacity_warning(summary)
     if warning:
         summary["warnings"] = [warning]
     title = (f"{spec.policy} on {Path(spec.trace).name}: {len(trace):,} requests, "

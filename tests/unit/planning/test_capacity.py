@@ -132,3 +132,37 @@ def test_gpu_busy_fraction_is_the_union_of_the_instances_batches():
     # Busy 0-3 and 6-10 of 0-10.
     assert gpu_busy_fraction(result) == pytest.approx(0.7)
     assert gpu_busy_fraction(result, warmup_s=0.005) == pytest.approx(4 / 5)
+
+
+def test_near_capacity_warns_between_the_threshold_and_overload_only():
+    from schedsim.planning.capacity import NEAR_CAPACITY_SHARE, near_capacity_warning
+
+    def at(share):
+        return {"gpu_work_share": share, "capacity": {"saturation_rps": 2504.0}}
+
+    warning = near_capacity_warning(at(0.94))
+    assert warning.startswith("near capacity: the offered rate is 94% of") and "2,504 req/s" in warning
+    assert "\n" not in warning
+    for share in (0.5, NEAR_CAPACITY_SHARE, 1.02, float("nan"), None):
+        assert near_capacity_warning(at(share)) is None
+    assert near_capacity_warning({}) is None
+
+
+def test_a_run_near_capacity_says_so_and_one_with_room_does_not(tmp_path):
+    """Through the CLI: M/D/1 at 95% and at 50% of the saturation rate."""
+    import json
+
+    from cli_helpers import schedsim
+
+    rng = np.random.default_rng(3)
+    for load, warned in ((0.95, True), (0.5, False)):
+        trace = tmp_path / f"t{load}.csv"
+        arrivals = np.cumsum(rng.exponential(1e-3 / load, 4000))  # 1 ms service: saturation 1,000 req/s
+        trace.write_text("arrival_s\n" + "\n".join(f"{a:.9f}" for a in arrivals) + "\n")
+        profile = tmp_path / "p.csv"
+        profile.write_text("batch,latency_ms_mean,latency_ms_p50,latency_ms_p90,latency_ms_p99,latency_ms_std,n\n"
+                           "1,1.0,1.0,1.0,1.0,0.0,100\n")
+        proc = schedsim("run", trace, "--policy", "none", "--profile", profile, "--spread", "none", "--json")
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads(proc.stdout)
+        assert any(w.startswith("near capacity") for w in summary.get("warnings", [])) is warned, summary
