@@ -197,12 +197,16 @@ class HostTimeline:
     window of a random round and runs on through the rounds that followed it in the record
     (wrapping at the end), so the run's level, its slow spells, their length and their
     order are all as measured (windows drawn one by one would average a spell away over a
-    long trace; one factor per run would miss the spell's queue)."""
+    long trace; one factor per run would miss the spell's queue). When the rounds are
+    servers (``rounds_are: servers``, ``schedsim profile --backend triton
+    --triton-host-servers``), a live run stays on its server: the path cycles through the
+    drawn round's windows instead of running on into the next server's."""
 
-    def __init__(self, window_s: float, rounds: list[np.ndarray]):
+    def __init__(self, window_s: float, rounds: list[np.ndarray], stay_in_round: bool = False):
         self.window_s = float(window_s)
         self.rounds = [r for r in rounds if r.size]
         self.windows = int(sum(r.size for r in self.rounds))
+        self.stay_in_round = bool(stay_in_round)
 
     @classmethod
     def from_meta(cls, meta: dict) -> "HostTimeline | None":
@@ -216,7 +220,8 @@ class HostTimeline:
             raise InputError("host_variation.round_factors: expected one positive number per round of window_factors")
         if not any(r.size for r in rounds) or not all(np.isfinite(r).all() and (r > 0).all() for r in rounds):
             raise InputError("host_variation.window_factors: expected lists of positive numbers, one per round")
-        return cls(float(rec["window_s"]), [r * float(v) for r, v in zip(rounds, levels)])
+        return cls(float(rec["window_s"]), [r * float(v) for r, v in zip(rounds, levels)],
+                   stay_in_round=rec.get("rounds_are") == "servers")
 
     def draw(self, rng: np.random.Generator, start_ns: int, span_s: float) -> HostPath:
         """A path covering ``span_s`` seconds from ``start_ns`` (and as long again, for the queue to drain)."""
@@ -226,7 +231,7 @@ class HostTimeline:
         parts = [first[int(rng.integers(first.size)):]]
         have = parts[0].size
         while have < need:
-            k = (k + 1) % len(self.rounds)
+            k = k if self.stay_in_round else (k + 1) % len(self.rounds)
             parts.append(self.rounds[k])
             have += self.rounds[k].size
         return HostPath(int(start_ns), self.window_s, np.concatenate(parts)[:need])

@@ -578,7 +578,8 @@ def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, raw: Path
     record = summarise(samples, _host_window_s(spec), round_s=spec.host_variation_s,
                        what=_HOST_CALL.format(seq_len=spec.seq_len))
     record = relative_to(record, float(first[1].mean()) * 1e3, "the table's own server, its round")
-    return record | {"scope": f"{len(samples)} Triton servers started one after another on one machine, one round "
+    return record | {"rounds_are": "servers",
+                     "scope": f"{len(samples)} Triton servers started one after another on one machine, one round "
                               "each, the first the table's own", "one_server": one_server,
                      "method": f"lone requests timed back to back for {spec.host_variation_s:g} s on each server (after "
                                "50 warm-up requests on a fresh one); between_runs_cv = std/mean of the servers' "

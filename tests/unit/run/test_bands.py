@@ -204,6 +204,17 @@ def test_timeline_from_the_record_and_its_paths():
         pytest.approx(math.sqrt(math.log1p(0.02**2) + math.log1p(0.05**2) * 0.05))   # without: as before
 
 
+def test_a_timeline_of_servers_keeps_each_path_on_one_server():
+    """Rounds measured on fresh servers (rounds_are: servers): a path cycles through its own
+    server's windows, at that server's level, never into the next server's."""
+    timeline = bands.HostTimeline.from_meta({"host_variation": TIMELINE | {"rounds_are": "servers"}})
+    levels = [np.asarray(r) * f for r, f in zip(_ROUNDS, TIMELINE["round_factors"])]
+    for seed in range(20):
+        path = timeline.draw(np.random.default_rng(seed), 0, 3.0)
+        assert any(np.allclose(path.slowdown, np.concatenate([lv] * 200)[k:k + path.slowdown.size])
+                   for lv in levels for k in range(lv.size)), seed
+
+
 def test_band_on_a_host_timeline_covers_the_simulators_own_runs_90_percent_of_the_time():
     """The band with the host's timeline against simulated "live" runs of the same model:
     service times and the host's path (its level and its slow spells) drawn with seeds the

@@ -162,6 +162,7 @@ def test_host_variation_over_fresh_servers_and_the_execution_log(tmp_path):
     assert "server 2 of 2" in proc.stderr
     host = load_profile(out).meta["host_variation"]
     assert host["rounds"] == 3 and host["scope"].startswith("3 Triton servers") and "fresh one" in host["method"]
+    assert host["rounds_are"] == "servers"  # a band's path stays on one server
     assert host["round_factors"][0] == pytest.approx(1.0, abs=1e-4) and len(host["window_factors"]) == 3
     assert host["one_server"]["rounds"] == 5 and "_first_server_round" not in host["one_server"]
     raw = out.parent / "hosts.triton"
