@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from csv_out import write_csv  # experiments/bands, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "fidelity_llm"
 RUNS = ("run7", "run9")
@@ -64,9 +66,7 @@ def main(argv=None) -> int:
     for col in ("graph_gpu_ratio", "eager_small_gpu_ratio", "eager_large_gpu_ratio", "host_ratio", "loop_ratio"):
         v = df[col].dropna()
         print(f"{col}: {v.min():.3f}-{v.max():.3f} (median {v.median():.3f})")
-    if args.out:
-        df.to_csv(args.out, index=False, float_format="%.6g")
-        print(f"wrote {args.out}")
+    write_csv(df, args.out)
     return 0
 
 

@@ -51,6 +51,7 @@ from schedsim.run.runner import execute  # noqa: E402
 from schedsim.run.spec import LLMOptions, RunSpec  # noqa: E402
 from schedsim.traces.io import save_trace  # noqa: E402
 from schedsim.traces.table import Trace  # noqa: E402
+from csv_out import write_csv  # noqa: E402  (experiments/bands, the script's own folder)
 
 RAW_COMMIT = "c4622d1f0791"
 LIVE_SPREAD_Z = 1.6449
@@ -261,10 +262,7 @@ def main(argv=None) -> int:
           else llm(args.only, args.replications, args.host_cv, args.host_records))
     for line in summary_lines(df):
         print(line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(args.out, index=False, float_format="%.6g")
-        print(f"wrote {args.out}")
+    write_csv(df, args.out)
     return 0
 
 

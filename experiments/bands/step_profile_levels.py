@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from schedsim.cost.step_profile import StepProfile  # noqa: E402
 from schedsim.run.llm_bands import StepSpread  # noqa: E402
+from csv_out import write_csv  # noqa: E402  (experiments/bands, the script's own folder)
 
 RAW_COMMIT = "c4622d1f0791"
 OTHERS = ("few-decodes/llama-1b-bf16-h200-steps-run10call", "few-decodes/llama-1b-bf16-h200-steps-run11call",
@@ -78,9 +79,7 @@ def main(argv=None) -> int:
         print(f"{kind} steps: log-sd of the level over the {len(df)} profiles {float(np.std(v, ddof=1)):.4f}")
     print(f"per-run level from each profile's drift: median log-sd {df.level_sigma_from_drift.median():.4f}, "
           f"range {df.level_sigma_from_drift.min():.4f}-{df.level_sigma_from_drift.max():.4f}")
-    if args.out:
-        df.to_csv(args.out, index=False, float_format="%.6g")
-        print(f"wrote {args.out}")
+    write_csv(df, args.out)
     return 0
 
 
