@@ -93,7 +93,7 @@ class Rows:
 
     Each row begins with the newline that ends the row before it (one unit fewer per row than
     a newline at the end): :meth:`text` gives ``"\\n" row "\\n" row ...``, so the header goes
-    without its newline and the file ends with one (:func:`header`, :data:`END`)."""
+    without its newline and the file ends with :data:`END`."""
 
     def __init__(self, n: int, first: bool = True):
         """``first``: the rows' first column comes first in the file's rows (else the columns
@@ -208,8 +208,3 @@ class Rows:
 
 END = b"\n"
 """What follows the last chunk of :meth:`Rows.text` at the end of the file."""
-
-
-def header(names) -> bytes:
-    """The header pyarrow writes (each name quoted), without its newline (:class:`Rows`)."""
-    return b",".join(b'"' + n.encode() + b'"' for n in names)
