@@ -134,8 +134,24 @@ def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:
     raise AssertionError("the run's tritonserver never appeared")
 
 
+def _wait_for_a_traced_batch(executions: Path, deadline: float) -> None:
+    """Until the model has executed a batch of the trace's requests (its execution log has a
+    line with a numeric request id; the client's warm-up requests are named "warmup"): on a
+    loaded host the client can take seconds to start, and a kill before the trace's first
+    answers tests less."""
+    while True:
+        for log in executions.glob("*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                parts = line.split(" ")
+                if len(parts) == 4 and any(i.isdigit() for i in parts[3].split(",")):
+                    time.sleep(0.2)  # its answers go out
+                    return
+        assert time.monotonic() < deadline, "the model executed none of the trace's requests"
+        time.sleep(0.05)
+
+
 def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
-    trace = poisson_trace(tmp_path / "poisson.csv", rate=40, seconds=8)
+    trace = poisson_trace(tmp_path / "poisson.csv", rate=40, seconds=12)
     out = tmp_path / "out"
     # A 1 s queue delay with room for 64 keeps requests waiting in the server when it is killed
     # (all but the ~25 ms after each launch; with 200 ms and 8, a quiet host found none waiting).
@@ -149,7 +165,7 @@ def test_a_server_that_dies_mid_run_leaves_every_request_marked(tmp_path):
         while b"Started HTTPService" not in (log.read_bytes() if log.exists() else b""):
             assert time.monotonic() < deadline, "the server never became ready"
             time.sleep(0.1)
-        time.sleep(4.0)  # the client is sending by now
+        _wait_for_a_traced_batch(out / "executions", deadline=time.monotonic() + 90)
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = run.communicate(timeout=120)
     finally:
