@@ -211,30 +211,30 @@ class _Driver:
         during which the next request arrives, or a later one where the policy lets the
         run go on past arrivals) and its total, walked in plain Python; records the gaps
         after its first step."""
-        cut = len(counts), counts[-1]   # (segments, steps of the last one) that run
-        while self.next_arrival_ns < NEVER:
-            limit, total = self.next_arrival_ns - now, 0
-            for i, (c, p) in enumerate(zip(counts, prices)):
-                if total + c * p >= limit:   # the first step of this segment ending at or after limit
-                    k = max(1, (limit - total + p - 1) // p) if p > 0 else 1
-                    break
-                total += c * p
-            else:
-                break   # the run ends before the next arrival
-            if i == len(counts) - 1 and k == c:
-                break   # it arrives during the last step
-            if not (arrivals_wait and self._arrive_in_run(now + total + k * p)):
-                cut = i + 1, k
-                break
+        nxt = self.next_arrival_ns
+        limit = nxt - now if nxt < NEVER else None
         taken = total = 0
         first = len(self.run_prices)
-        segments, last = cut
-        for i in range(segments):
-            c, p = (counts[i] if i < segments - 1 else last), prices[i]
+        last = len(counts) - 1
+        for i, (c, p) in enumerate(zip(counts, prices)):
+            stop = False
+            while limit is not None and total + c * p >= limit:
+                # The first step of this segment ending at or after limit (at least one).
+                k = max(1, (limit - total + p - 1) // p) if p > 0 else 1
+                if i == last and k == c:
+                    break   # it arrives during the run's last step: nothing to cut
+                if arrivals_wait and self._arrive_in_run(now + total + k * p):
+                    nxt = self.next_arrival_ns
+                    limit = nxt - now if nxt < NEVER else None
+                    continue
+                c, stop = k, True
+                break
             self.run_prices.append(p)
             self.run_counts.append(c)
             taken += c
             total += c * p
+            if stop:
+                break
         self.run_counts[first] -= 1                # the first step's gap is not a repeat's
         return taken, total
 
