@@ -8,7 +8,10 @@ A decode-only step the policy marks repeatable (:attr:`Step.repeat`) is run as u
 that many identical steps in one event, stopping at the step during which the next
 request arrives: the policy would have decided the same steps one by one, so the result
 is the same, and a busy engine costs one event per arrival or finish instead of one per
-token. Times are integer nanoseconds.
+token. Where the policy says arrivals would only wait (:attr:`Step.arrivals_wait`), the
+run goes on past them: each is delivered at the end of the step during which it arrived
+(:meth:`LLMPolicy.on_arrivals_in_run`), and the run stops there only if the policy says so.
+Times are integer nanoseconds.
 
 With a policy that declares ``async_scheduling`` and a cost model that declares
 ``host_ns``, each step's host time overlaps the GPU time (vLLM's async scheduling: the
