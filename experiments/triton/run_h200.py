@@ -143,29 +143,6 @@ def capacity_rps(url: str, requests: int, seq_len: int) -> float:
     return float(ok.sum() / ((rec.answered_ns[ok].max() - rec.sent_ns[ok].min()) / 1e9))
 
 
-def placement(root_pid: int) -> list[dict]:
-    """Where the server's processes sit on the host: for tritonserver and each Python-backend
-    stub under it, the CPUs it may run on and the one it last ran on (Linux /proc), so that a
-    server's speed can be set beside its placement."""
-    out = []
-    pids = [root_pid]
-    while pids:
-        pid = pids.pop()
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            status = Path(f"/proc/{pid}/status").read_text()
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        allowed = next((line.split(":", 1)[1].strip() for line in status.splitlines()
-                        if line.startswith("Cpus_allowed_list")), "")
-        out.append({"pid": pid, "name": stat.split("(", 1)[1].rsplit(")", 1)[0], "last_cpu": int(fields[36]),
-                    "cpus_allowed": allowed})
-        pids += [int(c) for c in children]
-    return out
-
-
 REQUEST_COLUMNS = ("scheduled_s", "sent_s", "answered_s", "model_start_s", "model_end_s", "model_batch_requests")
 
 
@@ -276,7 +253,7 @@ def main(argv=None) -> int:
             try:
                 with start_server(cfg, work, rep, args.cpu) as server:
                     info["servers"].append({"config": cfg["name"], "rep": rep, "ready_s": server.started_s,
-                                            "placement": placement(server.proc.pid)})
+                                            "placement": server.placement()})
                     if cfg["name"] not in info["capacities"]:
                         probe = (1500 if cfg["policy"] == "none" else 6000) // (10 if args.cpu else 1)
                         info["capacities"][cfg["name"]] = capacity_rps(
@@ -287,7 +264,7 @@ def main(argv=None) -> int:
                             break
                         row = run_cell(cfg, server.url, arrival, load, info["capacities"][cfg["name"]], rep, args,
                                        work)
-                        row["placement"] = placement(server.proc.pid)  # where the processes ran last
+                        row["placement"] = server.placement()  # where the processes ran last
                         cell_windows[(cfg["name"], arrival, load, rep)] = row["trace_window_ns"]
                         with open(results, "a") as f:
                             f.write(json.dumps(json_safe(row)) + "\n")

@@ -290,10 +290,11 @@ def execute_live_triton(spec: TritonLiveSpec):
                        seed=spec.seed, should_stop=should_stop, before_start=before_start,
                        at=(int(spec.run.warmup_s * 1e9), warmup_over) if spec.run.warmup_s > 0 else None)
         died = server is not None and not server.alive()
+        placement = server.placement() if server is not None and not died else None
         stats["after"] = None if died else _raw_stats(url, name)
         death = server._died("during the run") if died else None
     # The server is stopped here (its trace file is complete).
-    server_info = server.describe() if server is not None else {"url": url}
+    server_info = server.describe() | {"placement": placement} if server is not None else {"url": url}
     n = len(requests)
     partial_reason = stopped.get("reason") or ("client failed: " + record.failures[0] if record.failures else None)
     keep = n

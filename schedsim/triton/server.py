@@ -312,6 +312,28 @@ class TritonServer:
             "command": [str(c) for c in self.command], "log": str(self.log_path),
             "ready_after_s": round(self.started_s, 3), "returncode": self.returncode}
 
+    def placement(self) -> list[dict]:
+        """Where the server's processes sit on the host, read from Linux's /proc: for
+        tritonserver and every process under it (the Python backend's stubs), the CPUs it may
+        run on and the one it last ran on. A Python-backend batch is mostly CPU work, and
+        fresh servers on one machine have run the same batches up to 1.3x apart; this is
+        what a run can record of why. Empty where /proc cannot be read or the server is gone."""
+        out, pids = [], [self.proc.pid] if self.proc is not None else []
+        while pids:
+            pid = pids.pop()
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                status = Path(f"/proc/{pid}/status").read_text()
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            allowed = next((line.split(":", 1)[1].strip() for line in status.splitlines()
+                            if line.startswith("Cpus_allowed_list")), "")
+            out.append({"pid": pid, "name": stat.split("(", 1)[1].rsplit(")", 1)[0],
+                        "last_cpu": int(stat.rsplit(")", 1)[1].split()[36]), "cpus_allowed": allowed})
+            pids += [int(c) for c in children]
+        return out
+
     def __enter__(self) -> "TritonServer":
         self.start()
         try:

@@ -58,6 +58,10 @@ def test_triton_forms_the_batches_the_simulator_forms(tmp_path):
     assert got["completed"] == sum(BURSTS) and got["failed"] == 0 and not got["partial"]
     stats = json.loads((tmp_path / "live/triton_stats.json").read_text())
     assert stats["delta"]["execution_count"] == len(BURSTS)
+    # Where the server's processes sat: tritonserver and its model's Python stub.
+    placement = json.loads((tmp_path / "live/live.json").read_text())["server"]["placement"]
+    assert placement[0]["name"] == "tritonserver" and len(placement) >= 2
+    assert all(p["cpus_allowed"] and p["last_cpu"] >= 0 for p in placement)
     assert stats["delta"]["inference_stats"]["success"]["count"] == sum(BURSTS)
     # Traced at rate 1: each burst's requests share one compute start (one batch), and the
     # server's timestamps lie between the client's send and answer (one monotonic clock).
