@@ -54,11 +54,12 @@ SEQ_LEN = 128
 
 
 WARMUP_S = 0.5  # run_h200.py's warm-up: neither side counts requests scheduled before it
-EXTRAPOLATE = False  # --extrapolate: sizes past the table's largest from its last two
 
 
-def simulate_cell(run: dict, profile: Path, replications: int, work: Path, received: Path | None = None) -> dict:
-    """``schedsim run`` of the cell's trace; with ``received`` (the run's ``--keep-requests`` npz),
+def simulate_cell(run: dict, profile: Path, replications: int, work: Path, received: Path | None = None,
+                  extrapolate: bool = False) -> dict:
+    """``schedsim run`` of the cell's trace (``extrapolate``: sizes past the table's largest from
+    its last two); with ``received`` (the run's ``--keep-requests`` npz),
     each request arrives when the client sent it (its scheduled time plus the client's lateness):
     the arrivals the server received, rather than the trace's."""
     trace = generate("gamma" if run["arrival"] != "poisson" else "poisson", rng=np.random.default_rng(run["seed"]),
@@ -82,7 +83,7 @@ def simulate_cell(run: dict, profile: Path, replications: int, work: Path, recei
         params.setdefault("prefetch", triton_prefetches(params))
     spec = RunSpec(trace=path, policy=run["policy"], params=params, profile=profile,
                    instances=run["instances"], warmup_s=WARMUP_S, replications=replications, seed=1,
-                   extrapolate=EXTRAPOLATE)
+                   extrapolate=extrapolate)
     return execute(spec).summary
 
 
@@ -133,8 +134,6 @@ def main(argv=None) -> int:
     ap.add_argument("--extrapolate", action="store_true",
                     help="let batch sizes past the table's largest take its last two sizes' line")
     args = ap.parse_args(argv)
-    global EXTRAPOLATE
-    EXTRAPOLATE = args.extrapolate
     if args.arrivals == "sent" and args.requests is None:
         ap.error("--arrivals sent needs --requests (the grid's per-request times, run_h200.py --keep-requests)")
     missing = [str(g) for g in args.grid if not g.is_file()]
@@ -172,12 +171,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for (config, arrival, load, _), runs in sorted(cells.items()):
             if args.arrivals == "sent":  # each run replayed on its own arrivals; the prediction is their median
-                sims = [simulate_cell(r, args.profile, args.replications, Path(tmp), received=requests_file(args, r))
-                        for r in runs]
+                sims = [simulate_cell(r, args.profile, args.replications, Path(tmp), received=requests_file(args, r),
+                                      extrapolate=args.extrapolate) for r in runs]
                 sim = {k: float(np.median([x[k] for x in sims])) for k in sims[0]
                        if all(isinstance(x.get(k), (int, float)) for x in sims)}
             else:
-                sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp))
+                sim = simulate_cell(runs[0], args.profile, args.replications, Path(tmp), extrapolate=args.extrapolate)
             live = {
                 "p50_ms": [r["summary"]["p50_ms"] for r in runs],
                 "p99_ms": [r["summary"]["p99_ms"] for r in runs],

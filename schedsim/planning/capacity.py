@@ -230,7 +230,8 @@ NEAR_CAPACITY_SHARE = 0.87
 """Above this share of the simulated saturation rate (headroom under 1.15) a run gets the
 near-capacity warning. On real Triton servers (docs/validation/triton.md), cells offered
 94-100% of the table's capacity ran either stably or saturated depending on the server, with
-live means 2-3x apart; at 82% and below the same tables predicted within about 20%."""
+live means up to 3.9x apart; at 82%, on a machine whose servers matched its table, the
+prediction was 5% off."""
 
 
 def near_capacity_warning(summary: dict) -> str | None:

@@ -245,6 +245,10 @@ def _parameters(spec: TritonProfileSpec) -> tuple[dict, str, dict]:
                      "cuda_graphs": int(spec.cuda_graphs)}, "KIND_GPU", {}
 
 
+def _hidden(spec: TritonProfileSpec) -> int:
+    return 768 if spec.model.endswith("bert-base") else 128
+
+
 def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
     """One model per batch size (only full batches leave) and the zero-delay model."""
     from schedsim.triton.repository import model_config, write_repository
@@ -253,7 +257,7 @@ def write_profile_repository(spec: TritonProfileSpec, root: Path) -> Path:
     # Every execution's start and end, as the live runs record them: the profile's batch
     # durations and a live run's can then be compared execution by execution.
     params = params | {EXECUTION_LOG: str(root / "executions")}
-    hidden = 768 if spec.model.endswith("bert-base") else 128
+    hidden = _hidden(spec)
     repo = root / "model_repository"
     for b in spec.batch_sizes:
         cfg = model_config(model_name(b), policy="dynamic", kind=kind, hidden=hidden, parameters=params,
@@ -274,8 +278,7 @@ def write_zero_delay_model(spec: TritonProfileSpec, repo: Path, params: dict | N
     from schedsim.triton.repository import model_config, write_repository
 
     base, kind, _ = _parameters(spec)
-    hidden = 768 if spec.model.endswith("bert-base") else 128
-    cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=hidden, parameters=params or base,
+    cfg = model_config(ZERO_DELAY_MODEL, policy="dynamic", kind=kind, hidden=_hidden(spec), parameters=params or base,
                        params={"max_batch_size": max(spec.batch_sizes), "max_queue_delay_us": 0})
     write_repository(repo, ZERO_DELAY_MODEL, cfg)
     return repo
@@ -506,19 +509,20 @@ def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
     }
 
 
-def _host_variation(server, spec: TritonProfileSpec, rng) -> dict:
+def _host_variation(server, spec: TritonProfileSpec, rng) -> tuple[dict, tuple | None]:
     """How the host's speed moves between and within runs, through the server: lone
     single-sample requests on the zero-delay model, one at a time over one kept-alive HTTP
     connection, each timed by the client (the frontend, the batcher and the model: what
-    every request of a live run passes through), 5 rounds of ``spec.host_variation_s``."""
+    every request of a live run passes through), 5 rounds of ``spec.host_variation_s``.
+    (record, round): with fresh servers to come, one more round timed here, the table's own
+    server's among theirs (:func:`_host_variation_servers`); else None."""
     from schedsim.profiling.host_variation import measure, time_round
 
     call, close = _lone_request(server, spec, rng)
     try:
         record = measure(call, rounds=5, round_s=spec.host_variation_s, window_s=_host_window_s(spec),
                          pause_s=min(0.5, spec.host_variation_s / 4), what=_HOST_CALL.format(seq_len=spec.seq_len))
-        # With fresh servers to come, one more round here: the table's own server among them.
-        return record | ({"_first_server_round": time_round(call, spec.host_variation_s)} if spec.host_servers else {})
+        return record, time_round(call, spec.host_variation_s) if spec.host_servers else None
     finally:
         close()
 
@@ -551,8 +555,9 @@ def _lone_request(server, spec: TritonProfileSpec, rng):
     return call, conn.close
 
 
-def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, raw: Path, env: dict, rng, note) -> dict:
-    """The record over fresh servers: the table's own server's round first, then one round on
+def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, first: tuple, raw: Path, env: dict, rng,
+                            note) -> dict:
+    """The record over fresh servers: the table's own server's round (``first``) first, then one round on
     each of ``spec.host_servers`` servers started one after another (only the zero-delay model,
     warmed by 50 requests). Its factors are over the table's own server's round, so a band
     replays how much slower or faster than the table's server a fresh one ran; the record of
@@ -560,7 +565,6 @@ def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, raw: Path
     from schedsim.profiling.host_variation import relative_to, summarise, time_round
     from schedsim.triton.server import TritonServer, find_tritonserver
 
-    first = one_server.pop("_first_server_round")
     repo = write_zero_delay_model(spec, raw / "host_servers_repository")
     samples = [first]
     for k in range(spec.host_servers):
@@ -649,7 +653,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
     rng = np.random.default_rng(spec.seed)
     results: dict = {}
     zero: dict | None = None
-    gaps = pairs = host = None
+    gaps = pairs = host = first_round = None
     warnings: list = []
     error: BaseException | None = None
     server = TritonServer(repo, raw / "tritonserver.log", find_tritonserver(), args=args, env=env,
@@ -683,7 +687,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 set_model_trace(server.url, ZERO_DELAY_MODEL, None)
             if spec.host_variation_s:
                 note(f"host variation: 5 rounds of {spec.host_variation_s:g} s of lone requests through the server")
-                host = _host_variation(server, spec, rng)
+                host, first_round = _host_variation(server, spec, rng)
             if spec.pairs():
                 note(f"pair grid over sizes {list(spec.pairs())} (two instances on one device) ...")
                 pairs = measure_pair_grid(server, spec, results, spec.pairs(), lambda *a: drive_pair(server, spec, *a),
@@ -692,14 +696,12 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
             error = exc
     if isinstance(error, InputError) and not results:
         raise error
-    if host and spec.host_servers and error is None:
+    if first_round is not None and error is None:
         note(f"host variation: {spec.host_servers} fresh servers, one round of {spec.host_variation_s:g} s each ...")
         try:
-            host = _host_variation_servers(spec, host, raw, env, rng, note)
+            host = _host_variation_servers(spec, host, first_round, raw, env, rng, note)
         except (KeyboardInterrupt, InputError, RuntimeError, OSError) as exc:
             warnings.append(f"host variation over fresh servers stopped ({exc}); the record is the table's server's")
-    if host:
-        host.pop("_first_server_round", None)
     samples, more = _trace_samples(trace_path, results) if spec.trace else ({}, [])
     warnings += more
     if not results:
