@@ -23,7 +23,11 @@ FORMATS = ("csv", "parquet")
 """How per-request tables are written: CSV (the default) or Parquet."""
 
 _CHUNK_ROWS = 1 << 17  # rows formatted per task when a CSV is written by several threads
-_TEXT_CHUNK_ROWS = 1 << 16  # the same by csv_text: its buffers, 8 MB a chunk, stay in the cache
+# The same by csv_text: 16,384 rows make 1.6 MB of units and 1.3 MB of text, which stay in the
+# caches until written and reuse the heap's freed blocks. Chunks of 65,536 rows (8 MB of buffers
+# each, several in flight) grew the heap by about 60 MB of fresh pages while writing: 0.27-0.78 s
+# of system time in page faults for a 2,000,000-request requests.csv, against 0.07 s.
+_TEXT_CHUNK_ROWS = 1 << 14
 
 
 def arrow(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
