@@ -18,8 +18,10 @@ Compared:
   else from Triton's trace where the grid traced requests (``triton_server_side_*.jsonl``:
   REQUEST_START -> REQUEST_END of one request in N, after the warm-up);
 - throughput;
-- where the simulator reports a band (``p99_ms_lo``/``p99_ms_hi``), whether the live median
-  and each live run fall inside it.
+- where the simulator reports a band (``p99_ms_lo``/``p99_ms_hi``, ``mean_ms_lo``/``mean_ms_hi``),
+  whether the live median and each live run's server-side p99 and mean fall inside it.
+  ``--host-record`` predicts with another ``host_variation`` record in place of the
+  profile's (``server_record.py``: servers measured on other machines).
 
     python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] \
         --tag h200 --out results/
@@ -131,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=Path, help="folder of the runs' per-request npz files (run_h200.py "
                                                   "--keep-requests): server-side percentiles from every request "
                                                   "with its batch's response phase, and --arrivals sent")
+    ap.add_argument("--host-record", type=Path,
+                    help="a JSON file with a host_variation record (server_record.py) that replaces the profile's")
     ap.add_argument("--extrapolate", action="store_true",
                     help="let batch sizes past the table's largest take its last two sizes' line")
     args = ap.parse_args(argv)
@@ -141,15 +145,18 @@ def main(argv=None) -> int:
         raise SystemExit(f"{missing[0]}: not in the working tree; experiments/RUNS.md gives the commit that holds "
                          "it (git checkout COMMIT -- PATH)")
     meta = json.loads(args.profile.with_suffix(".json").read_text())
-    if args.without:
+    if args.without or args.host_record:
         import shutil
 
-        ablated = Path(tempfile.mkdtemp(prefix="triton-ablation-")) / args.profile.name
+        changed = Path(tempfile.mkdtemp(prefix="triton-ablation-")) / args.profile.name
         for suffix in (".csv", ".samples.npz"):
             if args.profile.with_suffix(suffix).is_file():
-                shutil.copy(args.profile.with_suffix(suffix), ablated.with_suffix(suffix))
-        ablated.with_suffix(".json").write_text(json.dumps({k: v for k, v in meta.items() if k not in args.without}))
-        args.profile = ablated
+                shutil.copy(args.profile.with_suffix(suffix), changed.with_suffix(suffix))
+        new_meta = {k: v for k, v in meta.items() if k not in args.without}
+        if args.host_record:
+            new_meta["host_variation"] = json.loads(args.host_record.read_text())["host_variation"]
+        changed.with_suffix(".json").write_text(json.dumps(new_meta))
+        args.profile = changed
     # A table measured without the zero-delay requests has no request path: client figures then read NaN.
     path_ms = (meta.get("triton_terms") or {}).get("request_path_us", math.nan) / 1e3
     cells = defaultdict(list)
@@ -209,6 +216,13 @@ def main(argv=None) -> int:
                 row["sim_server_p99_ms_lo"], row["sim_server_p99_ms_hi"] = round(lo, 4), round(hi, 4)
                 row["band_covers_median"] = bool(lo <= row["live_server_p99_ms"] <= hi)
                 row["band_covers_runs"] = sum(lo <= v <= hi for v in live["server_p99_ms"])
+                row["band_half_width_pct"] = round(100 * (hi - lo) / 2 / row["sim_server_p99_ms"], 2)
+                row["live_spread_pct"] = round(100 * (row["live_server_p99_ms_max"] - row["live_server_p99_ms_min"])
+                                               / row["live_server_p99_ms"], 2)
+            if "mean_ms_lo" in sim:
+                lo, hi = sim["mean_ms_lo"], sim["mean_ms_hi"]
+                row["sim_server_mean_ms_lo"], row["sim_server_mean_ms_hi"] = round(lo, 4), round(hi, 4)
+                row["band_covers_mean_runs"] = sum(lo <= v <= hi for v in live["server_mean_ms"])
             rows.append(row)
             print(f"{config:22s} {arrival:8s} {load:.1f}: p99 live {row['live_p99_ms']:7.2f} "
                   f"[{row['live_p99_ms_min']:.2f}-{row['live_p99_ms_max']:.2f}] sim {row['sim_p99_ms']:7.2f} "
@@ -232,7 +246,13 @@ def main(argv=None) -> int:
             summary[k][f"load_{load:g}"] = {"median": round(float(el.median()), 2), "worst": round(float(el.max()), 2)}
     if "band_covers_median" in table:
         summary["band"] = {"covers_live_median": f"{int(table.band_covers_median.sum())} of {len(table)}",
-                           "covers_live_runs": f"{int(table.band_covers_runs.sum())} of {int(table.traced_runs.sum())}"}
+                           "covers_live_runs": f"{int(table.band_covers_runs.sum())} of {int(table.traced_runs.sum())}",
+                           "half_width_over_live_spread_median": round(float(
+                               (table.band_half_width_pct / table.live_spread_pct).median()), 2)}
+        if "band_covers_mean_runs" in table:
+            summary["band"]["covers_live_mean_runs"] = f"{int(table.band_covers_mean_runs.sum())} of {int(table.runs.sum())}"
+    if args.host_record:
+        summary["host_record"] = str(args.host_record)
     summary["cells"] = len(table)
     summary["profile"] = str(args.profile.name)
     summary["without"] = args.without
