@@ -232,11 +232,12 @@ class KVCacheManager:
             raise KVCacheError(f"cache_blocks: request {req!r} has {len(blocks)} blocks and "
                                f"{len(keys)} keys, cannot cache {num_full_blocks}")
         bkey, cache = self._key, self._cache
+        # A request's blocks past its leading cached ones have no key: each was taken from
+        # the free queue (where a cached block loses its key) and only this call keys them.
         new_blocks, new_keys = blocks[start:num_full_blocks], keys[start:num_full_blocks]
-        if (list(map(bkey.__getitem__, new_blocks)).count(None) == len(new_blocks)
-                and cache.keys().isdisjoint(new_keys)):
-            # (Most calls: blocks without keys, keys no block has.) In bulk, where the keys
-            # are distinct, as a request's are; a key given twice takes the loop below.
+        if cache.keys().isdisjoint(new_keys):
+            # (Most calls: keys no block has.) In bulk, where the keys are distinct, as a
+            # request's are; a key given twice takes the loop below.
             added = dict(zip(new_keys, new_blocks))
             if len(added) == len(new_blocks):
                 for b, k in zip(new_blocks, new_keys):
@@ -245,12 +246,6 @@ class KVCacheManager:
                 self._ncached[req] = num_full_blocks
                 return
         for b, k in zip(new_blocks, new_keys):
-            old = bkey[b]
-            if old is not None:
-                if old != k:
-                    raise KVCacheError(f"cache_blocks: block {b} of request {req!r} is cached "
-                                       f"under {old!r}, not {k!r}")
-                continue
             bkey[b] = k
             if cache.setdefault(k, b) != b:   # another block has the key: b is its successor
                 self._dups.setdefault(k, []).append(b)
@@ -659,6 +654,8 @@ class KVCacheManager:
                 holders[b] += 1
                 if i < nc:
                     need(self._key[b] is not None, f"request {req!r} block {i} ({b}) counted cached, has no key")
+                else:
+                    need(self._key[b] is None, f"request {req!r} block {i} ({b}) past its cached ones has a key")
         need(self._ncached.keys() == self._req.keys(), "cached-count table out of step with requests")
         for b in range(1, n):
             need(refs[b] == holders[b], f"block {b}: ref {refs[b]} != holders {holders[b]}")

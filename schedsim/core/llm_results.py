@@ -94,46 +94,66 @@ def token_times(n: int, rows: np.ndarray, rec: np.ndarray, emits: np.ndarray, st
     # Entries grouped by request, in time order within each: entries come in record order,
     # so a stable sort by request is enough (a radix sort, linear, where request numbers fit
     # 16 bits). Each entry's record and whether it emits move in one gather (the moves
-    # through a random order are what costs); the grouped requests are a repeat, and where
-    # each group starts a cumulative sum of the entries per request.
-    order = np.argsort(rows.astype(np.uint16) if n <= 1 << 16 else rows, kind="stable")
-    packed = (rec.astype(np.int32) if rec.size and int(rec[-1]) < 1 << 30 else rec.astype(np.int64)) << 1
+    # through a random order are what costs); where each group starts is a cumulative sum
+    # of the entries per request. Few passes over the entries, in 32-bit words where they
+    # fit (a busy run logs millions).
+    small = n <= 1 << 16
+    order = np.argsort(rows.astype(np.uint16, copy=False) if small else rows, kind="stable")
+    narrow = not rec.size or int(rec[-1]) < 1 << 30
+    packed = np.left_shift(rec, 1, dtype=np.int32 if narrow else np.int64)
     packed |= emits
     packed = packed[order]
-    srec = packed >> 1
+    if emit_tokens is None:
+        del order   # (a busy run's order is the largest array here)
     seen = np.bincount(rows, minlength=n)
     ends = np.cumsum(seen)
     present = np.flatnonzero(seen)
+    starts = ends[present] - seen[present]
     first_seen, last_seen = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-    first_seen[present] = srec[ends[present] - seen[present]]
-    last_seen[present] = srec[ends[present] - 1]
+    first_seen[present] = packed[starts] >> 1
+    last_seen[present] = packed[ends[present] - 1] >> 1
     scheduled_ns = np.append(start, -1)[first_seen]   # index -1: the appended "never"
 
     # Emitted tokens, grouped by request then time.
-    emitted = np.flatnonzero(packed & 1)
-    erec = srec[emitted]
-    per_row = np.bincount(rows[emits], minlength=n)
-    er = np.repeat(np.arange(n, dtype=np.int64), per_row)
-    weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order[emitted]]
+    emitted = np.empty(packed.shape[0], bool)
+    np.bitwise_and(packed, 1, out=emitted, casting="unsafe")
+    erec = packed[emitted]
+    erec >>= 1
+    per_row = np.zeros(n, np.int64)
+    if present.size:
+        per_row[present] = np.add.reduceat(emitted, starts, dtype=count_type(emitted))
     eends = np.cumsum(per_row)
     has = np.flatnonzero(per_row)
     firsts, lasts = eends[has] - per_row[has], eends[has] - 1
     tokens_out = np.zeros(n, np.int64)
+    weights = None
     if has.size:
+        weights = repeats[erec] if emit_tokens is None else repeats[erec] * emit_tokens[order[emitted]]
         tokens_out[has] = np.add.reduceat(weights, firsts, dtype=np.int64)
+    del packed, emitted, weights
     first_token_ns = np.full(n, -1, np.int64)
     first_token_ns[has] = first_end[erec[firsts]]
     last_token_ns = np.full(n, -1, np.int64)
     last_token_ns[has] = end[erec[lasts]]
     last_emit_rec = np.full(n, -1, np.int64)
     last_emit_rec[has] = erec[lasts]
-    # A gap into each emitting entry but a request's first, from the entry before it.
+    # A gap into each emitting entry but a request's first, from the entry before it: the
+    # request of each is its request's number repeated once per emitting entry less one.
     later = np.ones(erec.size, bool)
     later[firsts] = False
     later = later[1:]
-    gaps_ns = (first_end[erec[1:]] - end[erec[:-1]])[later]
+    gaps_ns = first_end[erec[1:]]
+    gaps_ns -= end[erec[:-1]]
+    gaps_ns = gaps_ns[later]
+    gap_rows = np.repeat(np.arange(n, dtype=np.int32 if n < 1 << 31 else np.int64), np.maximum(per_row - 1, 0))
     return TokenTimes(first_seen, last_seen, scheduled_ns, first_token_ns, last_token_ns, last_emit_rec,
-                      tokens_out, gaps_ns, er[1:][later])
+                      tokens_out, gaps_ns, gap_rows)
+
+
+def count_type(flags: np.ndarray):
+    """A type for counts of ``flags`` (bool) to be summed in without overflow: 32 bits where
+    they fit (reduceat in another type than its input's casts the whole input first)."""
+    return np.int32 if flags.shape[0] < 1 << 31 else np.int64
 
 
 def apply_reject(policy, status: np.ndarray, end_ns: np.ndarray, delivered: int, now: int, reject) -> None:
@@ -152,5 +172,13 @@ def step_token_sums(tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, 
     if not sizes.size:
         return tokens, tokens
     starts = np.cumsum(sizes) - sizes
+    # Summed in a 32-bit type where no sum can overflow it: reduceat in another type than
+    # the column's (numpy's default for small integers is 64 bits) first casts the whole
+    # column, millions of entries in a busy run.
+    prefill = tokens.copy()
+    prefill[prefill <= 1] = 0
+    if tokens.dtype.kind == "i" and tokens.dtype.itemsize <= 4 and int(np.add.reduce(tokens, dtype=np.int64)) < 1 << 31:
+        return (np.add.reduceat(tokens, starts, dtype=np.int32).astype(np.int64),
+                np.add.reduceat(prefill, starts, dtype=np.int32).astype(np.int64))
     return (np.add.reduceat(tokens, starts, dtype=np.int64),
-            np.add.reduceat(np.where(tokens > 1, tokens, 0), starts, dtype=np.int64))
+            np.add.reduceat(prefill, starts, dtype=np.int64))

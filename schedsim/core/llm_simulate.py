@@ -26,7 +26,7 @@ import gc
 import numpy as np
 
 from schedsim.core.events import COMPLETION, DECISION, EventLoop, Scheduled
-from schedsim.core.llm_results import LLMResult, apply_reject, step_token_sums, token_times
+from schedsim.core.llm_results import LLMResult, apply_reject, count_type, step_token_sums, token_times
 from schedsim.core.llm_policy import Step, int_max
 from schedsim.core.policy import NEVER, Requests
 from schedsim.core.results import COMPLETED, QUEUED, RUNNING, PolicyError
@@ -73,7 +73,7 @@ class _Driver:
         # Per event: (start, end, end of its first step, repeats, rows, kv_blocks_used,
         # waiting, rows preempted) and its step's columns; the durations of repeated events.
         self.log: list[tuple] = []
-        self.columns = _Columns()
+        self.columns = _Columns(n)
         # Durations of the 2nd and later steps of each repeated event (its inter-token gaps),
         # run-length encoded in event order: price i repeats run_counts[i] times.
         self.run_prices: list[int] = []
@@ -246,7 +246,7 @@ class _Driver:
         nsteps = len(self.log)
         start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
             np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
-        rec = np.repeat(np.arange(nsteps), sizes)
+        rec = np.repeat(np.arange(nsteps, dtype=np.int32 if nsteps < 1 << 30 else np.int64), sizes)
         rows, tokens, emits = self.columns.arrays()
 
         counts = None
@@ -259,16 +259,17 @@ class _Driver:
         measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
         if measured.all():   # (no warm-up: record by record, without moving the log through rec)
             gaps = t.gaps_ns
-            emitting = np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=np.int64) if nsteps else sizes
+            emitting = np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=count_type(emits)) if nsteps else sizes
         else:
             gaps = t.gaps_ns[measured[t.gap_rows]]
             emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
         multi = np.flatnonzero(repeats > 1)
-        values = [gaps, np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))]
-        counts = [np.ones(gaps.size, np.int64), np.repeat(emitting[multi], repeats[multi] - 1)]
-        itl_ns, itl_count = np.concatenate(values).astype(np.int64), np.concatenate(counts).astype(np.int64)
-        keep = itl_count > 0
-        itl_ns, itl_count = itl_ns[keep], itl_count[keep]
+        run_ns = np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))
+        run_count = np.repeat(emitting[multi], repeats[multi] - 1).astype(np.int64, copy=False)
+        keep = run_count > 0   # (each gap counts once: only a run's steps can count none)
+        itl_ns = np.concatenate([gaps.astype(np.int64, copy=False), run_ns[keep]])
+        itl_count = np.ones(itl_ns.shape[0], np.int64)
+        itl_count[gaps.shape[0]:] = run_count[keep]
 
         stats = dict(self.policy.stats())
         hits = stats.pop("prefix_hit_tokens_per_request", None)
@@ -314,13 +315,15 @@ class _Driver:
 class _Columns:
     """``rows``, ``num_tokens`` and ``emits`` of every event's step, concatenated a chunk
     of events at a time while the arrays are fresh in memory: one concatenation of tens of
-    thousands of small arrays spread over the heap at the end is several times slower."""
+    thousands of small arrays spread over the heap at the end is several times slower.
+    Rows are kept in 16 bits where the request numbers fit (a busy run logs millions)."""
 
     CHUNK = 1024
 
-    def __init__(self):
+    def __init__(self, n: int):
         self.pending: tuple[list, list, list] = ([], [], [])
         self.chunks: tuple[list, list, list] = ([], [], [])
+        self.dtypes = (np.uint16 if n <= 1 << 16 else np.int64, None, None)
 
     def add(self, step: Step) -> None:
         rows, tokens, emits = self.pending
@@ -331,12 +334,12 @@ class _Columns:
             self._flush()
 
     def _flush(self) -> None:
-        for part, chunks in zip(self.pending, self.chunks):
+        for part, chunks, dtype in zip(self.pending, self.chunks, self.dtypes):
             if part:
-                chunks.append(np.concatenate(part))
+                chunks.append(np.concatenate(part, dtype=dtype, casting="unsafe") if dtype else np.concatenate(part))
                 part.clear()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         self._flush()
-        empty = (np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
+        empty = (np.empty(0, self.dtypes[0]), np.empty(0, np.int32), np.empty(0, bool))
         return tuple(np.concatenate(chunks) if chunks else e for chunks, e in zip(self.chunks, empty))
