@@ -176,7 +176,7 @@ class PagedKV(LLMPolicy):
         # where some request has keys others may share (registered as its blocks fill) or a
         # swap registers its victim's full blocks. Otherwise nothing reads it while the
         # request runs (a finish counts its full blocks afresh, a recompute preemption its
-        # computed tokens), and the array paths leave it alone.
+        # computed tokens), and steps leave it alone.
         self._tracks_full = self.prefix_caching and (self.swap or bool(self._shared.any()))
         self.kv = KVCacheManager(self.budget.num_blocks, self.block_size,
                                  enable_prefix_caching=self.prefix_caching,
@@ -243,7 +243,8 @@ class PagedKV(LLMPolicy):
         prompt, generated, computed = p.prompt, p.generated, p.computed
         budget = self.max_num_batched_tokens
         cap = self.cap  # tokens each request's blocks hold: skips the manager on most decodes
-        threshold, prefix_caching = self.threshold, self.prefix_caching
+        threshold = self.threshold
+        tracks_full = self._tracks_full   # (else nothing reads full[r] while r runs: see reset)
         k, limit = self.k, min(self.max_len, self.max_tokens_in_gpu)
         rows, ntok, ctx, emit = [], [], [], []
         preempted: list[int] = []
@@ -301,7 +302,7 @@ class PagedKV(LLMPolicy):
                 else:
                     cap[r] = -(-end // bs) * bs
             if end <= cap[r]:
-                if prefix_caching and end // bs > c // bs:   # (only verified tokens are cached)
+                if tracks_full and end // bs > c // bs:   # (only verified tokens are cached)
                     self._cache_full_blocks(r, min(end, known) // bs)
                 rows.append(r); ntok.append(n); ctx.append(c); emit.append(end >= known)
                 budget -= n
@@ -375,11 +376,11 @@ class PagedKV(LLMPolicy):
         if head is None:
             if rows and all_running and not preempted and not admitted and max(ntok) == 1 and all(emit):
                 repeat = self._repeat_horizon(rows, ctx)
-                if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
+                if repeat > 1 and self.reserve_full_isl and tracks_full and self.waiting:
                     repeat = self._until_new_shared_keys(rows, ctx, repeat)
         elif all_running and not admitted and int_max(step.num_tokens) == 1 and step.emits.all():
             repeat = self._repeat_horizon(step.rows, step.context)
-            if repeat > 1 and self.reserve_full_isl and prefix_caching and self.waiting:
+            if repeat > 1 and self.reserve_full_isl and tracks_full and self.waiting:
                 repeat = self._until_new_shared_keys(step.rows, step.context, repeat)
         step.repeat = repeat
         # A request arriving during the run joins the waiting queue behind a head that this
@@ -440,7 +441,7 @@ class PagedKV(LLMPolicy):
                     if e:
                         generated[r] += 1
             finished = [r for r in rows if generated[r] >= output[r]]
-            if self.prefix_caching and repeats > 1:
+            if self._tracks_full and repeats > 1:
                 # What the steps of the run registered one by one: a row's blocks up to the last
                 # block it filled, where it filled one (a row behind, such as one swapped in with
                 # fresh blocks, registers at its next filled block, as step by step).
