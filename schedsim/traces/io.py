@@ -7,7 +7,9 @@ numbers are 1-based with the header on line 1), the field and what is wrong.
 
 The fast path hands parsing to pyarrow and validates with vector expressions; only
 when something is wrong do we rescan the file (with the csv/json modules) to find the
-exact line, so a clean 2,000,000-row trace costs about what pyarrow costs.
+exact line, so a clean 2,000,000-row trace costs about what pyarrow costs. A small CSV
+trace of plain numbers is read with the csv module instead (:func:`_read_plain`): importing
+pyarrow costs more than parsing it; anything else in it goes to pyarrow, as before.
 
 schedsim CSV columns (header required; unknown columns are ignored and listed in
 ``trace.meta["ignored_columns"]``):
@@ -39,7 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from schedsim.errors import InputError, where
 from schedsim.files import replaced_atomically
@@ -47,6 +48,7 @@ from schedsim.traces.table import Trace
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `schedsim run` must not pay its ~0.35 s
+    import pyarrow as pa
 
 __all__ = [
     "COLUMNS", "PUBLIC_TRACES", "load_trace", "save_trace", "scale_rate", "head",
@@ -68,10 +70,18 @@ COLUMNS = ("arrival_s", *_INT_COLUMNS, "hash_ids")
 
 AZURE_HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 _PARQUET_SUFFIXES = {".parquet", ".pq"}
-# Arrow's buffers from malloc rather than its default pool (mimalloc), which keeps what the
-# CSV reader frees: then numpy's arrays reuse that memory, and a 2M-row read costs about
-# 25 MB and 50 ms less (fresh pages are slow to fault in).
-_POOL = pa.system_memory_pool
+_PLAIN_CSV_BYTES = 1 << 18
+"""CSV traces up to this size are read without pyarrow when every field is a plain number:
+importing pyarrow takes about 0.04 s of CPU, the csv module reads 10,000 rows in about that."""
+
+
+def _POOL():
+    """Arrow's buffers from malloc rather than its default pool (mimalloc), which keeps what the
+    CSV reader frees: then numpy's arrays reuse that memory, and a 2M-row read costs about
+    25 MB and 50 ms less (fresh pages are slow to fault in)."""
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
+
+    return pa.system_memory_pool()
 _META_KEY = b"schedsim.meta"
 
 
@@ -144,6 +154,7 @@ def _numpy(col) -> np.ndarray:
     ``to_numpy``: that goes through pyarrow's pandas layer, which imports pandas
     (about 0.35 s) on first use. Nulls only appear in traces that then fail validation.
     """
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     if col.null_count:
         import pyarrow.compute as pc  # here: its import costs ~40 ms that most loads skip
 
@@ -160,18 +171,23 @@ def _load_csv(p: Path, name: str, header: list[str]) -> Trace:
         raise InputError(f"{name}:1: no arrival_s column (columns found: {', '.join(map(str, header))})")
     numeric = [c for c in header if c in _INT_COLUMNS or c == "arrival_s"]
     ignored = [str(c) for c in header if c not in COLUMNS]
-    try:
-        table, cols = _read_numeric(p, numeric, "hash_ids" in header)
-    except (pa.ArrowException, ValueError, UnicodeDecodeError) as e:
-        # Something is malformed or not a number: rescan slowly to say where.
-        table = None
-        cols = _csv_diagnose(p, name, header, numeric, e)
+    table, cols = None, _read_plain(p, header, numeric)
+    if cols is None:
+        import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
+
+        try:
+            table, cols = _read_numeric(p, numeric, "hash_ids" in header)
+        except (pa.ArrowException, ValueError, UnicodeDecodeError) as e:
+            # Something is malformed or not a number: rescan slowly to say where.
+            cols = _csv_diagnose(p, name, header, numeric, e)
     if len(cols["arrival_s"]) == 0:
         raise InputError(f"{name}: no requests (the file has only a header line)")
     locate = _CsvLocator(p, name)
     trace = _build(cols, locate, name)
     if "hash_ids" in header:
         if table is None:
+            import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
+
             table = _read_csv(p, {"hash_ids": pa.string()})
         offsets, ids = _parse_hash_strings(table.column("hash_ids"), locate)
         trace = dataclasses.replace(trace, hash_offsets=offsets, hash_ids=ids)
@@ -179,6 +195,49 @@ def _load_csv(p: Path, name: str, header: list[str]) -> Trace:
     if ignored:
         meta["ignored_columns"] = ignored
     return dataclasses.replace(trace, source=name, meta=meta)
+
+
+_PLAIN_NUMBER = {  # one column's fields joined by newlines, each a plain decimal number
+    "int": re.compile(r"-?[0-9]+(?:\n-?[0-9]+)*", re.ASCII),
+    "float": re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+                        r"(?:\n-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)*", re.ASCII),
+}
+
+
+def _read_plain(p: Path, header: list[str], numeric: list[str]) -> dict[str, np.ndarray] | None:
+    """The numeric columns of a small CSV trace of plain numbers, as pyarrow's exact read gives
+    them (:func:`_read_numeric`), read with the csv module; None (pyarrow's to read) for a larger
+    file or anything else: a quote, a byte-order mark, a hash_ids column, a row of another
+    length, a field that is not a plain decimal number (blank, spaced, ``nan``, ``1_0``), an
+    integer outside its column's type, no rows. Both round a decimal to the nearest float."""
+    if "hash_ids" in header or p.stat().st_size > _PLAIN_CSV_BYTES:
+        return None
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if '"' in text or text.startswith("\ufeff"):
+        return None
+    rows = [r for r in csv.reader(text.splitlines()[1:]) if r]
+    if not rows or any(len(r) != len(header) for r in rows):
+        return None
+    fields = dict(zip(header, zip(*rows)))
+    cols = {}
+    for c in numeric:
+        values = fields[c]
+        if c == "arrival_s":
+            if not _PLAIN_NUMBER["float"].fullmatch("\n".join(values)):
+                return None
+            cols[c] = np.array([float(v) for v in values], dtype=np.float64)
+            continue
+        dtype = _INT_COLUMNS[c][0]
+        if not _PLAIN_NUMBER["int"].fullmatch("\n".join(values)):
+            return None
+        ints = [int(v) for v in values]
+        if min(ints) < np.iinfo(dtype).min or max(ints) > np.iinfo(dtype).max:
+            return None
+        cols[c] = np.array(ints, dtype=dtype)
+    return cols
 
 
 def _read_numeric(p: Path, numeric: list[str], hash_ids: bool) -> tuple[pa.Table, dict[str, np.ndarray]]:
@@ -189,6 +248,7 @@ def _read_numeric(p: Path, numeric: list[str], hash_ids: bool) -> tuple[pa.Table
     that parse, and the float64 read, as before, either accepts it (a whole number) or
     fails in turn so that :func:`_csv_diagnose` names it.
     """
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     extra = {"hash_ids": pa.string()} if hash_ids else {}
     exact = {c: pa.float64() if c == "arrival_s" else pa.from_numpy_dtype(_INT_COLUMNS[c][0]) for c in numeric}
     try:
@@ -201,6 +261,7 @@ def _read_numeric(p: Path, numeric: list[str], hash_ids: bool) -> tuple[pa.Table
 def _csv_diagnose(p, name, header, numeric, error) -> dict[str, np.ndarray]:
     """Find the first malformed row or non-number and raise; else return float columns."""
     import pandas as pd  # only after a failed parse: `schedsim run` must not pay for pandas
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
 
     reader = None
     try:
@@ -320,8 +381,9 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
             if bad.size:
                 why = ("a request carries at least one sample" if c == "batch" else "must be >= 0")
                 raise InputError(f"{locate(int(bad[0]), c)}: {_fmt(v[bad[0]])} is below {lo}; {why}")
-        # A column read as the Trace's own type cannot be out of its range.
-        bad = np.flatnonzero((v > info.max) | (v < info.min)) if v.dtype != dtype else ()
+        # A column read as the Trace's own type cannot be out of its range. ``>= max + 1``: as a
+        # float, int64's max rounds up to 2**63, which ``> max`` let through to a wrapped cast.
+        bad = np.flatnonzero((v >= info.max + 1) | (v < info.min)) if v.dtype != dtype else ()
         if len(bad):
             raise InputError(f"{locate(int(bad[0]), c)}: {_fmt(v[bad[0]])} is out of range "
                              f"(at most {info.max})")
@@ -341,6 +403,7 @@ def _build(cols: dict[str, np.ndarray], locate, name: str) -> Trace:
 
 def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, np.ndarray]:
     """Space-separated integers per row into CSR (offsets, ids); blank means none."""
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     lists = pc.utf8_split_whitespace(pc.utf8_trim_whitespace(strings))
@@ -362,6 +425,7 @@ def _parse_hash_strings(strings: pa.ChunkedArray, locate) -> tuple[np.ndarray, n
 
 
 def _load_parquet(p: Path, name: str) -> Trace:
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
     import pyarrow.parquet as pq  # lazy: pyarrow.parquet costs start-up that CSV traces skip
 
@@ -411,6 +475,7 @@ def _load_parquet(p: Path, name: str) -> Trace:
 
 
 def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     # Lengths counted from parent indices (a null list has none, as list_flatten agrees):
@@ -426,6 +491,7 @@ def _csr_from_lists(col) -> tuple[np.ndarray, np.ndarray]:
 
 def _load_azure(p: Path, name: str) -> Trace:
     """Azure LLM inference trace 2023: ``TIMESTAMP,ContextTokens,GeneratedTokens``."""
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     locate = _CsvLocator(p, name)
     tokens = AZURE_HEADER[1:]
     try:
@@ -500,15 +566,14 @@ def _azure_ns(ts: "pd.Series", locate) -> np.ndarray:
     return secs.to_numpy().astype("datetime64[ns]").astype(np.int64) + frac_ns
 
 
-_MOONCAKE_SCHEMA = pa.schema([("timestamp", pa.float64()), ("input_length", pa.float64()),
-                              ("output_length", pa.float64()), ("hash_ids", pa.list_(pa.int64()))])
-
-
 def _load_mooncake(p: Path, name: str) -> Trace:
     """Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids."""
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     import pyarrow.json as pj  # lazy: pyarrow.json costs start-up that non-JSON traces skip
 
-    opts = pj.ParseOptions(explicit_schema=_MOONCAKE_SCHEMA, unexpected_field_behavior="ignore")
+    schema = pa.schema([("timestamp", pa.float64()), ("input_length", pa.float64()),
+                        ("output_length", pa.float64()), ("hash_ids", pa.list_(pa.int64()))])
+    opts = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
         table = pj.read_json(p, parse_options=opts)
     except (pa.ArrowException, ValueError):
@@ -612,6 +677,7 @@ def save_trace(trace: Trace, path) -> Path:
     The file appears complete or not at all: we write a temp file beside it and
     ``os.replace`` it into place.
     """
+    import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
     import pyarrow.compute as pc  # lazy: pyarrow.compute costs ~40 ms of start-up that most loads skip
 
     p = Path(path)
