@@ -392,6 +392,10 @@ class PagedKV(LLMPolicy):
         step.kv_blocks_used, step.waiting = kv.num_used_blocks, len(self.waiting) + len(self.swapped)
         if preempted:
             step.preempted = np.array(preempted, dtype=np.int64)
+        elif (self.DECODE_AFTER and head is None and repeat == 1 and all_running and not k and not self.swap and not self.priority
+              and not tracks_full and not self.waiting and rows and len(rows) < self.VECTOR_ROWS
+              and len(rows) <= self.max_num_batched_tokens and all(emit)):
+            step.then = self._decode_after(rows, ntok, ctx)
         if k:
             step.emit_tokens = np.array([spec.get(r, 1 if e else 0) for r, e in zip(rows, emit)], dtype=np.int32)
             step.draft_tokens = k
@@ -406,6 +410,12 @@ class PagedKV(LLMPolicy):
         return step
 
     def on_step_done(self, now_ns: int, step: Step, repeats: int) -> None:
+        then = step.then
+        if then is not None and repeats > 1:   # the step, then repeats - 1 of its decode step
+            self.on_step_done(now_ns, step, 1)
+            self._take_first_blocks(then)
+            self.on_step_done(now_ns, then, repeats - 1)
+            return
         p, kv, bs, cap = self.p, self.kv, self.block_size, self.cap
         computed, generated, output = p.computed, p.generated, p.output
         many = step.rows.shape[0] >= self.VECTOR_ROWS and not self.k
@@ -518,6 +528,9 @@ class PagedKV(LLMPolicy):
     VECTOR_ROWS = 24
     """From this many running rows a step's running part is worked out on arrays
     (:meth:`_running_columns`); below it, row by row (cheaper for a handful of rows)."""
+    DECODE_AFTER = True
+    """Whether a step of fewer rows whose rows all emit carries the repeatable decode step
+    that would follow it (:attr:`Step.then`: a simulator then runs both as one event)."""
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.
@@ -679,17 +692,21 @@ class PagedKV(LLMPolicy):
                 self._cache_full_blocks(r, regs[i])
         return True
 
-    def _repeat_horizon(self, rows, ctx) -> int:
+    def _repeat_horizon(self, rows, ctx, most: int | None = None, free: int | None = None) -> int:
         """How many identical decode steps can run before a request finishes or blocks run out
-        (``rows`` and ``ctx`` as lists, or arrays for a step of many rows)."""
-        if isinstance(rows, np.ndarray):
+        (``rows`` and ``ctx`` as lists, or arrays for a step of many rows); ``most``: the
+        fewest tokens a row has left, ``free``: free blocks once the first step has its
+        own (None: as they are now)."""
+        if most is None and isinstance(rows, np.ndarray):
             most = int(_minimum(self._output[rows] - self._generated[rows]))
-        else:
+        elif most is None:
             output, generated = self.p.output, self.p.generated
             most = min([output[r] - generated[r] for r in rows])
         if most <= 1:
             return 1
-        bs, free = self.block_size, self.kv.num_free_blocks
+        bs = self.block_size
+        if free is None:
+            free = self.kv.num_free_blocks
         if len(rows) * ((most - 1) // bs + 1) <= free:   # room even if every step took a block
             return most
         c = np.asarray(ctx, dtype=np.int64)
@@ -708,6 +725,38 @@ class PagedKV(LLMPolicy):
             else:
                 hi = mid
         return lo
+
+    def _decode_after(self, rows: list, ntok: list, ctx: list) -> Step | None:
+        """The repeatable decode step :meth:`schedule` would make right after this one (every
+        row of which emits) if nothing arrived meanwhile: :attr:`Step.then`. None where a
+        row finishes with this step or that step would not repeat. Its first step's blocks
+        are taken when it runs (:meth:`_take_first_blocks`), as that step would take them."""
+        output, generated, cap = self.p.output, self.p.generated, self.cap
+        most = min([output[r] - generated[r] for r in rows]) - 1   # left after this step's token
+        if most < 2:
+            return None
+        after = [c + n for c, n in zip(ctx, ntok)]
+        need = len([r for r, c in zip(rows, after) if c + 1 > cap[r]])
+        free = self.kv.num_free_blocks - need
+        if free < 0:
+            return None
+        repeat = self._repeat_horizon(rows, after, most, free)
+        if repeat < 2:
+            return None
+        then = make_step(rows, [1] * len(rows), after, [True] * len(rows))
+        then.repeat = repeat
+        then.kv_blocks_used = self.kv.num_used_blocks + need
+        return then
+
+    def _take_first_blocks(self, then: Step) -> None:
+        """The blocks the first step of ``then`` takes, row by row in its order, as
+        :meth:`_schedule_once` would have taken them deciding it."""
+        kv, cap, bs = self.kv, self.cap, self.block_size
+        for r, c in zip(then.rows.tolist(), then.context.tolist()):
+            if c + 1 > cap[r]:
+                if kv.allocate(r, c + 1) is None:
+                    raise AssertionError(f"row {r}: no block for the decode step after its admission")
+                cap[r] = -(-(c + 1) // bs) * bs
 
     def _until_new_shared_keys(self, rows, ctx, horizon: int) -> int:
         """Cut a decode run before the step in which a row fills a block whose key other

@@ -44,7 +44,8 @@ def step_log(step) -> list[tuple]:
 
 
 class OneStepAtATime:
-    """The same policy with every step's repeat forced to 1 (what a live engine runs)."""
+    """The same policy with every step's repeat forced to 1 and no decode run after it
+    (what a live engine runs)."""
 
     def __init__(self, policy):
         self.inner = policy
@@ -57,4 +58,5 @@ class OneStepAtATime:
     def schedule(self, now_ns):
         step = self.inner.schedule(now_ns)
         step.repeat = 1
+        step.then = None
         return step

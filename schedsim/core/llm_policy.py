@@ -15,7 +15,8 @@ Hooks, called by a driver in this order at each step boundary:
 ``schedule(now_ns) -> Step``
     the next step; one with no rows means "nothing to run until something arrives".
 ``on_step_done(now_ns, step, repeats)``
-    the step ran ``repeats`` times back to back (see :attr:`Step.repeat`) and ended at ``now_ns``.
+    the step ran ``repeats`` times back to back (see :attr:`Step.repeat`) and ended at ``now_ns``;
+    for a step with :attr:`Step.then`, the step and then ``repeats - 1`` of that decode step.
 ``on_arrivals_in_run(now_ns, first, stop) -> bool``
     only during a run of a step marked :attr:`Step.arrivals_wait`: rows ``first .. stop-1``
     arrived by ``now_ns``, the end of one of the run's steps (before the run's
@@ -99,6 +100,14 @@ class Step:
     repeats at once may then go on past an arrival: it delivers it with
     :meth:`LLMPolicy.on_arrivals_in_run` at the end of the step during which it arrived,
     and stops the run there only when that answers False."""
+
+    then: "Step | None" = None
+    """A repeatable decode step (:attr:`repeat`) the policy would schedule right after this
+    one if nothing arrived before this one ends: this step's rows, every one of which
+    emits now and none finishes. A driver that knows the next arrival may run this step
+    and up to ``then.repeat`` of those in one go, and then tells :meth:`LLMPolicy.on_step_done`
+    how many steps ran in all (``repeats`` counts this one: 1 means this one alone); the
+    live driver runs this one alone."""
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])

@@ -11,7 +11,9 @@ is the same, and a busy engine costs one event per arrival or finish instead of 
 token. Where the policy says arrivals would only wait (:attr:`Step.arrivals_wait`), the
 run goes on past them: each is delivered at the end of the step during which it arrived
 (:meth:`LLMPolicy.on_arrivals_in_run`), and the run stops there only if the policy says so.
-Times are integer nanoseconds.
+A step that carries the decode run the policy would schedule after it (:attr:`Step.then`)
+runs with that run in one event, logged as the two records deciding the run at the step's
+end would give, unless a request arrives before the step ends. Times are integer nanoseconds.
 
 With a policy that declares ``async_scheduling`` and a cost model that declares
 ``host_ns``, each step's host time overlaps the GPU time (vLLM's async scheduling: the
@@ -136,40 +138,9 @@ class _Driver:
                               f"{rows[rows >= self.delivered][:8].tolist()}")
         if step.preempted.shape[0]:
             self.preemptions[step.preempted] += 1
-        repeat = step.repeat
-        if repeat > 1:
-            if int_max(step.num_tokens) != 1:
-                raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
-                                  f"not decode-only")
-            repeats = int(repeat)
-            if self.decode_run_segments is not None:
-                counts, prices = self.decode_run_segments(step.context, repeats)
-            else:   # a cost model with only the array form
-                prices = self.cost.decode_run_ns(step.context, repeats).tolist()
-                counts = [1] * repeats
-            if self.host_ns is not None:
-                h = self.host_ns(rows.shape[0])
-                prices = [max(p - h, h) for p in prices]
-            price = prices[0]
-            if len(prices) == 1 and price > 0:
-                # One price (most runs): where the run stops is a division, not an array.
-                while self.next_arrival_ns < NEVER:
-                    # Stop after the step during which the next request arrives: the one
-                    # after it is decided with that request in view, unless it only
-                    # joins a queue that cannot move before the run ends.
-                    cut = (self.next_arrival_ns - now - 1) // price + 1
-                    if cut >= repeats:
-                        break
-                    if not (step.arrivals_wait and self._arrive_in_run(now + cut * price)):
-                        repeats = cut
-                        break
-                total = price * repeats
-                if repeats > 1:
-                    self.run_prices.append(price)
-                    self.run_counts.append(repeats - 1)
-            else:
-                repeats, total = self._walk_segments(counts, prices, now, step.arrivals_wait)
-            first_end = now + price
+        if step.repeat > 1:
+            repeats, total, first_end = self._run(step, now)
+            first_end += now
         else:
             repeats = 1
             if step.verify_only:   # one decode row per token verified
@@ -196,8 +167,59 @@ class _Driver:
         self.columns.add(step)
         if self.emit_tokens is not None:
             self.emit_tokens.append(step.emits.astype(np.int32) if step.emit_tokens is None else step.emit_tokens)
+        then = step.then
+        if then is not None and repeats == 1 and self.next_arrival_ns > now + total:
+            # The decode steps the policy would schedule next, nothing having arrived: run
+            # at once, one record of their own, as if decided at this step's end.
+            start = now + total
+            more, run_total, first = self._run(then, start)
+            self.log.append((start, start + run_total, start + first, more, then.rows.shape[0],
+                             then.kv_blocks_used, then.waiting, 0))
+            self.columns.add(then)
+            if self.emit_tokens is not None:
+                self.emit_tokens.append(then.emits.astype(np.int32))
+            repeats += more
+            total += run_total
         self.in_flight = (repeats, step)
         Scheduled(self.env, total, COMPLETION, self._on_step_end, None)
+
+    def _run(self, step: Step, now: int) -> tuple[int, int, int]:
+        """A repeatable decode step started at ``now``: (steps run, their total duration, the
+        first one's), run until the step during which the next request arrives (or a later
+        one where the policy lets the run go on past arrivals); records the gaps after its
+        first step."""
+        if int_max(step.num_tokens) != 1:
+            raise PolicyError(f"{type(self.policy).__name__} marked a step repeatable that is "
+                              f"not decode-only")
+        repeats = int(step.repeat)
+        if self.decode_run_segments is not None:
+            counts, prices = self.decode_run_segments(step.context, repeats)
+        else:   # a cost model with only the array form
+            prices = self.cost.decode_run_ns(step.context, repeats).tolist()
+            counts = [1] * repeats
+        if self.host_ns is not None:
+            h = self.host_ns(step.rows.shape[0])
+            prices = [max(p - h, h) for p in prices]
+        price = prices[0]
+        if len(prices) == 1 and price > 0:
+            # One price (most runs): where the run stops is a division, not an array.
+            while self.next_arrival_ns < NEVER:
+                # Stop after the step during which the next request arrives: the one
+                # after it is decided with that request in view, unless it only
+                # joins a queue that cannot move before the run ends.
+                cut = (self.next_arrival_ns - now - 1) // price + 1
+                if cut >= repeats:
+                    break
+                if not (step.arrivals_wait and self._arrive_in_run(now + cut * price)):
+                    repeats = cut
+                    break
+            total = price * repeats
+            if repeats > 1:
+                self.run_prices.append(price)
+                self.run_counts.append(repeats - 1)
+        else:
+            repeats, total = self._walk_segments(counts, prices, now, step.arrivals_wait)
+        return repeats, total, price
 
     def _arrive_in_run(self, end_ns: int) -> bool:
         """Deliver the requests arrived by ``end_ns``, the end of a step of a run marked

@@ -58,7 +58,13 @@ class Recorder:
         return step
 
     def on_step_done(self, now_ns, step, repeats):
-        self.steps[-1][-1] = repeats
+        then = step.then
+        if then is not None and repeats > 1:   # the step, then its decode run (Step.then)
+            self.steps[-1][-1] = 1
+            self.steps.append([then.rows.tolist(), then.num_tokens.tolist(), then.context.tolist(),
+                               then.emits.tolist(), then.preempted.tolist(), repeats - 1])
+        else:
+            self.steps[-1][-1] = repeats
         self.policy.on_step_done(now_ns, step, repeats)
 
 
