@@ -162,6 +162,10 @@ class Spawner:
         self.proc.wait()
 
 
+# The small trace of the memory baseline: large enough (about 480 kB) to be read by pyarrow, as
+# the large trace is (a small plain CSV trace is read with the csv module, without pyarrow).
+SMALL_N = 20_000
+
 _PROBE = """
 import json, sys
 from schedsim.cli.main import main
@@ -337,7 +341,7 @@ def whole_run(spawner: Spawner, exe: str, trace: Path, label: str, flags: str, n
     r["requests_per_s"] = n / r["wall_s"]
     r["rss_minus_baseline_bytes"] = r["maxrss_bytes"] - baseline_rss
     r["bytes_per_request"] = r["rss_minus_baseline_bytes"] / n
-    r["marginal_bytes_per_request"] = (r["maxrss_bytes"] - small_rss) / (n - 1000)
+    r["marginal_bytes_per_request"] = (r["maxrss_bytes"] - small_rss) / (n - SMALL_N)
     r["summary"] = {k: summary[k] for k in ("completed", "throughput_rps", "mean_batch_size", "p50_ms",
                                             "p99_ms", "mean_ms", "batches", "utilization")}
     return r
@@ -419,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         report["trace_gen"] = {
             "csv": spawner.measure(gen + ["--n", str(args.n), "--out", str(traces["csv"])]),
             "parquet": spawner.measure(gen + ["--n", str(args.n), "--out", str(traces["parquet"])]),
-            "small": spawner.measure(gen + ["--n", "1000", "--out", str(small)]),
+            "small": spawner.measure(gen + ["--n", str(SMALL_N), "--out", str(small)]),
             "csv_bytes": traces["csv"].stat().st_size, "parquet_bytes": traces["parquet"].stat().st_size}
         print(f"traces: {traces['csv'].stat().st_size / 1e6:.1f} MB CSV, "
               f"{traces['parquet'].stat().st_size / 1e6:.1f} MB Parquet in {tmp}", flush=True)
@@ -431,9 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         baseline = spawner.measure([sys.executable, "-c", _BASELINE, str(mods)])
         baseline["modules"] = len(json.loads(mods.read_text()))
         small_run = spawner.measure([exe, "run", str(small), *POLICY_FLAGS["default"], "--json"])
-        report["memory_baseline"] = {"imports_only": baseline, "run_1000_requests": small_run}
+        report["memory_baseline"] = {"imports_only": baseline, "run_small": small_run, "small_requests": SMALL_N}
         print(f"baseline: imports only {baseline['wall_s']:.2f} s, {baseline['maxrss_bytes'] / 2**20:.0f} MiB; "
-              f"run on 1,000 requests {small_run['wall_s']:.2f} s, {small_run['maxrss_bytes'] / 2**20:.0f} MiB",
+              f"run on {SMALL_N:,} requests {small_run['wall_s']:.2f} s, {small_run['maxrss_bytes'] / 2**20:.0f} MiB",
               flush=True)
 
         bare_n = min(args.bare_n or args.n, args.n)

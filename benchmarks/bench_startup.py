@@ -10,9 +10,10 @@ all of them alike (figures: min and median of CPU time, user + system, and of wa
 - ``schedsim run SMALL --json --band 0`` and the same printing tables, SMALL a 1,000-request
   Poisson trace (the whole run: start-up, reading the trace and profile, simulating,
   the capacity measurement, the summary);
-- the floor under them: ``python -c pass``, a process importing only numpy, pyarrow and
-  pyarrow.csv, which any run that reads a CSV trace needs, and one importing those and typer
-  with one OpenBLAS thread (as ``schedsim run`` sets it): the libraries' share of a run;
+- the floor under them: ``python -c pass``; a process importing only numpy, pyarrow and
+  pyarrow.csv, which a run reading a larger CSV trace or a Parquet one needs; one importing
+  numpy alone and one importing numpy and typer, with one OpenBLAS thread (as ``schedsim run``
+  sets it): the libraries' share of a small run, whose plain CSV trace is read without pyarrow;
 - ``python -c "import typer"``: the command-line library's own share.
 
 Then one ``python -X importtime`` of the small run, summed by top-level package. Writes
@@ -34,7 +35,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FLOOR = "import numpy, pyarrow, pyarrow.csv, typer (OPENBLAS_NUM_THREADS=1)"
+FLOOR = "import numpy, typer (OPENBLAS_NUM_THREADS=1)"
+NUMPY = "import numpy (OPENBLAS_NUM_THREADS=1)"
 RESULTS = HERE / "results"
 
 
@@ -78,8 +80,10 @@ def main() -> int:
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "import numpy, pyarrow, pyarrow.csv": [sys.executable, "-c", "import numpy, pyarrow, pyarrow.csv"],
-        # What schedsim run loads before any of its own modules, with one OpenBLAS thread as it sets.
-        FLOOR: [sys.executable, "-c", "import numpy, pyarrow, pyarrow.csv, typer"],
+        # What a small schedsim run loads before any of its own modules, with one OpenBLAS thread
+        # as it sets.
+        NUMPY: [sys.executable, "-c", "import numpy"],
+        FLOOR: [sys.executable, "-c", "import numpy, typer"],
         "import typer": [sys.executable, "-c", "import typer"],
         "schedsim run --help": [sys.executable, "-m", "schedsim.cli.main", "run", "--help"],
         "schedsim run SMALL --json --band 0": [*run, "--json"],
@@ -89,7 +93,7 @@ def main() -> int:
     loads = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for name, cmd in commands.items():
-            runs[name].append(measure(cmd, {"OPENBLAS_NUM_THREADS": "1"} if name == FLOOR else None))
+            runs[name].append(measure(cmd, {"OPENBLAS_NUM_THREADS": "1"} if name in (NUMPY, FLOOR) else None))
         loads.append(os.getloadavg()[0])
     report: dict = {"benchmark": "bench_startup", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "rounds": args.rounds, "cores": os.cpu_count(), "python": sys.version.split()[0],
