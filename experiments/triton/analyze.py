@@ -21,7 +21,11 @@ Compared:
 - where the simulator reports a band (``p99_ms_lo``/``p99_ms_hi``, ``mean_ms_lo``/``mean_ms_hi``),
   whether the live median and each live run's server-side p99 and mean fall inside it.
   ``--host-record`` predicts with another ``host_variation`` record in place of the
-  profile's (``server_record.py``: servers measured on other machines).
+  profile's (``server_record.py``: servers measured on other machines);
+  ``--hold-out-servers SPEEDS`` gives each run its own band, from a record of the *other*
+  servers of the same machine (``server_speed.py``'s rows): what a between-server record
+  measured on the serving machine (``--triton-host-servers``) would do, the run's own
+  server left out.
 
     python experiments/triton/analyze.py --profile P.csv --grid G1.jsonl [G2.jsonl ...] \
         --tag h200 --out results/
@@ -51,6 +55,9 @@ from schedsim.traces.generate import generate  # noqa: E402
 from schedsim.traces.io import save_trace  # noqa: E402
 from schedsim.traces.table import Trace  # noqa: E402
 from schedsim.triton.repository import triton_prefetches  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_record import server_factors, server_record  # noqa: E402
 
 SEQ_LEN = 128
 
@@ -87,6 +94,37 @@ def simulate_cell(run: dict, profile: Path, replications: int, work: Path, recei
                    instances=run["instances"], warmup_s=WARMUP_S, replications=replications, seed=1,
                    extrapolate=extrapolate)
     return execute(spec).summary
+
+
+def with_host_record(profile: Path, meta: dict, record: dict | None, work: Path, drop=()) -> Path:
+    """A copy of ``profile`` in ``work`` whose sidecar has ``record`` as its host_variation
+    (kept when None) and lacks the terms in ``drop``."""
+    import shutil
+
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / profile.name
+    for suffix in (".csv", ".samples.npz"):
+        if profile.with_suffix(suffix).is_file():
+            shutil.copy(profile.with_suffix(suffix), out.with_suffix(suffix))
+    new_meta = {k: v for k, v in meta.items() if k not in drop}
+    if record is not None:
+        new_meta["host_variation"] = record
+    out.with_suffix(".json").write_text(json.dumps(new_meta))
+    return out
+
+
+def held_out_bands(args, runs: list[dict], meta: dict, factors, work: Path) -> list[dict]:
+    """Per run, the band from a record of the other servers on its machine (its own left out)."""
+    out = []
+    for r in runs:
+        grid = next(g for g in factors.index.get_level_values(0).unique()
+                    if (g, r["config"], r["rep"]) in factors.index)
+        others = factors[(factors.index.get_level_values(0) == grid)
+                         & ~((factors.index.get_level_values(1) == r["config"])
+                             & (factors.index.get_level_values(2) == r["rep"]))]
+        prof = with_host_record(args.profile, meta, server_record(others), work / f"{r['config']}-rep{r['rep']}")
+        out.append(simulate_cell(r, prof, args.replications, work, extrapolate=args.extrapolate))
+    return out
 
 
 def requests_file(args, run: dict) -> Path:
@@ -135,6 +173,9 @@ def main(argv=None) -> int:
                                                   "with its batch's response phase, and --arrivals sent")
     ap.add_argument("--host-record", type=Path,
                     help="a JSON file with a host_variation record (server_record.py) that replaces the profile's")
+    ap.add_argument("--hold-out-servers", type=Path, nargs="+",
+                    help="server_speed.py --out files: each run's band from a record of the other servers of "
+                         "its machine")
     ap.add_argument("--extrapolate", action="store_true",
                     help="let batch sizes past the table's largest take its last two sizes' line")
     args = ap.parse_args(argv)
@@ -146,17 +187,11 @@ def main(argv=None) -> int:
                          "it (git checkout COMMIT -- PATH)")
     meta = json.loads(args.profile.with_suffix(".json").read_text())
     if args.without or args.host_record:
-        import shutil
-
-        changed = Path(tempfile.mkdtemp(prefix="triton-ablation-")) / args.profile.name
-        for suffix in (".csv", ".samples.npz"):
-            if args.profile.with_suffix(suffix).is_file():
-                shutil.copy(args.profile.with_suffix(suffix), changed.with_suffix(suffix))
-        new_meta = {k: v for k, v in meta.items() if k not in args.without}
-        if args.host_record:
-            new_meta["host_variation"] = json.loads(args.host_record.read_text())["host_variation"]
-        changed.with_suffix(".json").write_text(json.dumps(new_meta))
-        args.profile = changed
+        record = json.loads(args.host_record.read_text())["host_variation"] if args.host_record else None
+        args.profile = with_host_record(args.profile, meta, record,
+                                        Path(tempfile.mkdtemp(prefix="triton-ablation-")), drop=args.without)
+        meta = json.loads(args.profile.with_suffix(".json").read_text())
+    factors = server_factors(args.hold_out_servers) if args.hold_out_servers else None
     # A table measured without the zero-delay requests has no request path: client figures then read NaN.
     path_ms = (meta.get("triton_terms") or {}).get("request_path_us", math.nan) / 1e3
     cells = defaultdict(list)
@@ -219,6 +254,14 @@ def main(argv=None) -> int:
                 row["band_half_width_pct"] = round(100 * (hi - lo) / 2 / row["sim_server_p99_ms"], 2)
                 row["live_spread_pct"] = round(100 * (row["live_server_p99_ms_max"] - row["live_server_p99_ms_min"])
                                                / row["live_server_p99_ms"], 2)
+            if factors is not None and side:
+                bands = held_out_bands(args, runs, meta, factors, Path(tmp) / "held-out")
+                row["held_out_covers_runs"] = sum(b["p99_ms_lo"] <= r["server_side"]["p99_ms"] <= b["p99_ms_hi"]
+                                                  for b, r in zip(bands, runs) if r["server_side"])
+                row["held_out_covers_mean_runs"] = sum(b["mean_ms_lo"] <= server_mean_ms(r["triton_delta"])
+                                                       <= b["mean_ms_hi"] for b, r in zip(bands, runs))
+                row["held_out_half_width_pct"] = round(float(np.median(
+                    [100 * (b["p99_ms_hi"] - b["p99_ms_lo"]) / 2 / sim["p99_ms"] for b in bands])), 2)
             if "mean_ms_lo" in sim:
                 lo, hi = sim["mean_ms_lo"], sim["mean_ms_hi"]
                 row["sim_server_mean_ms_lo"], row["sim_server_mean_ms_hi"] = round(lo, 4), round(hi, 4)
@@ -251,8 +294,14 @@ def main(argv=None) -> int:
                                (table.band_half_width_pct / table.live_spread_pct).median()), 2)}
         if "band_covers_mean_runs" in table:
             summary["band"]["covers_live_mean_runs"] = f"{int(table.band_covers_mean_runs.sum())} of {int(table.runs.sum())}"
+    if "held_out_covers_runs" in table:
+        summary["held_out_servers"] = {
+            "covers_live_runs": f"{int(table.held_out_covers_runs.sum())} of {int(table.traced_runs.sum())}",
+            "covers_live_mean_runs": f"{int(table.held_out_covers_mean_runs.sum())} of {int(table.runs.sum())}",
+            "half_width_over_live_spread_median": round(float(
+                (table.held_out_half_width_pct / table.live_spread_pct).median()), 2)}
     if args.host_record:
-        summary["host_record"] = str(args.host_record)
+        summary["host_record"] = str(args.host_record.name)
     summary["cells"] = len(table)
     summary["profile"] = str(args.profile.name)
     summary["without"] = args.without
