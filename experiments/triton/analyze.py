@@ -63,6 +63,9 @@ SEQ_LEN = 128
 
 
 WARMUP_S = 0.5  # run_h200.py's warm-up: neither side counts requests scheduled before it
+BORROWED_TERMS = ("wake_curve", "dispatch_overhead_us", "dispatch_overhead_us_per_sample", "dispatch_overhead")
+"""What ``--borrow-terms`` takes from another profile's sidecar: the idle batcher's wake-up and
+the busy server's time per batch outside compute."""
 
 
 def simulate_cell(run: dict, profile: Path, replications: int, work: Path, received: Path | None = None,
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
                                                   "with its batch's response phase, and --arrivals sent")
     ap.add_argument("--host-record", type=Path,
                     help="a JSON file with a host_variation record (server_record.py) that replaces the profile's")
+    ap.add_argument("--borrow-terms", type=Path,
+                    help="another profile's sidecar (.json): predict with its wake curve and dispatch terms, for "
+                         "a table measured without them (a diagnostic)")
     ap.add_argument("--hold-out-servers", type=Path, nargs="+",
                     help="server_speed.py --out files: each run's band from a record of the other servers of "
                          "its machine")
@@ -186,7 +192,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"{missing[0]}: not in the working tree; experiments/RUNS.md gives the commit that holds "
                          "it (git checkout COMMIT -- PATH)")
     meta = json.loads(args.profile.with_suffix(".json").read_text())
-    if args.without or args.host_record:
+    if args.borrow_terms:
+        donor = json.loads(args.borrow_terms.read_text())
+        meta = meta | {k: donor[k] for k in BORROWED_TERMS if k in donor}
+    if args.without or args.host_record or args.borrow_terms:
         record = json.loads(args.host_record.read_text())["host_variation"] if args.host_record else None
         args.profile = with_host_record(args.profile, meta, record,
                                         Path(tempfile.mkdtemp(prefix="triton-ablation-")), drop=args.without)
@@ -302,6 +311,8 @@ def main(argv=None) -> int:
                 (table.held_out_half_width_pct / table.live_spread_pct).median()), 2)}
     if args.host_record:
         summary["host_record"] = str(args.host_record.name)
+    if args.borrow_terms:
+        summary["borrowed_terms_from"] = str(args.borrow_terms.name)
     summary["cells"] = len(table)
     summary["profile"] = str(args.profile.name)
     summary["without"] = args.without
