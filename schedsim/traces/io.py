@@ -197,6 +197,7 @@ def _load_csv(p: Path, name: str, header: list[str]) -> Trace:
     return dataclasses.replace(trace, source=name, meta=meta)
 
 
+_PLAIN_UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # control characters but "\n"
 _PLAIN_NUMBER = {  # one column's fields joined by newlines, each a plain decimal number
     "int": re.compile(r"-?[0-9]+(?:\n-?[0-9]+)*", re.ASCII),
     "float": re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
@@ -207,18 +208,22 @@ _PLAIN_NUMBER = {  # one column's fields joined by newlines, each a plain decima
 def _read_plain(p: Path, header: list[str], numeric: list[str]) -> dict[str, np.ndarray] | None:
     """The numeric columns of a small CSV trace of plain numbers, as pyarrow's exact read gives
     them (:func:`_read_numeric`), read with the csv module; None (pyarrow's to read) for a larger
-    file or anything else: a quote, a byte-order mark, a hash_ids column, a row of another
-    length, a field that is not a plain decimal number (blank, spaced, ``nan``, ``1_0``), an
-    integer outside its column's type, no rows. Both round a decimal to the nearest float."""
+    file or anything else: a quote, a byte-order mark or other non-ASCII text, a control character
+    (a lone carriage return, a tab), a hash_ids column, a row of another length, a field that is
+    not a plain decimal number (blank, spaced, ``nan``, ``1_0``), an integer outside its column's
+    type, no rows. Both round a decimal to the nearest float."""
     if "hash_ids" in header or p.stat().st_size > _PLAIN_CSV_BYTES:
         return None
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if '"' in text or text.startswith("\ufeff"):
+    # Lines end at "\n" or "\r\n" alone: pyarrow also ends one at a lone "\r", splitlines() at
+    # other control characters too.
+    text = text.replace("\r\n", "\n")
+    if '"' in text or not text.isascii() or _PLAIN_UNSAFE.search(text):
         return None
-    rows = [r for r in csv.reader(text.splitlines()[1:]) if r]
+    rows = [r for r in csv.reader(text.split("\n")[1:]) if r]
     if not rows or any(len(r) != len(header) for r in rows):
         return None
     fields = dict(zip(header, zip(*rows)))

@@ -46,7 +46,11 @@ def plain_traces(draw):
         rows.append(",".join(row))
     if draw(st.integers(0, 9)) == 0:
         rows.insert(draw(st.integers(0, len(rows))), draw(st.sampled_from(["", "1,2,3,4,5,6,7,8", '"1"'])))
-    return ",".join(header) + "\n" + "\n".join(rows) + draw(st.sampled_from(["\n", "", "\n\n"]))
+    if draw(st.integers(0, 9)) == 0:  # a control character in a field or between rows
+        i = draw(st.integers(0, len(rows) - 1))
+        rows[i] += draw(st.sampled_from(["\x0c", "\r", "\t", "\x00", "\x1e", "\r2"]))
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    return ",".join(header) + newline + newline.join(rows) + draw(st.sampled_from([newline, "", newline * 2]))
 
 
 def outcome(path, monkeypatch, plain: bool):
@@ -85,6 +89,9 @@ def test_plain_rows_are_read_without_pyarrow(tmp_path):
     "arrival_s,batch\n0.5,70000000000\n",  # outside int32
     "arrival_s,hash_ids\n0.5,1 2\n",       # hash_ids
     "arrival_s\n",                         # no rows
+    "arrival_s\n0.5\x0c\n",                 # a control character (splitlines() ends a line there)
+    "arrival_s\n0.5\r0.7\n",                # a lone carriage return (pyarrow ends a line there)
+    "arrival_s,other\n0.5,café\n",          # non-ASCII text
 ])
 def test_anything_else_is_pyarrows(tmp_path, text):
     path = tmp_path / "t.csv"
