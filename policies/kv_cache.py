@@ -131,8 +131,10 @@ class KVCacheManager:
         self._head = 0
         self._stale: dict[int, int] = {}
         self._nstale = 0
-        # Ref counts are kept only with prefix caching: without it no block is shared, a
-        # held block's count is 1, and a run skips two list stores per block (_refs).
+        # Ref counts are kept only for blocks with a key (only those can be shared: a prefix
+        # hit finds a block by its key), so only with prefix caching; a block without one is
+        # held by one request at most, and a run skips two list stores per block (_refs
+        # counts those from the block tables).
         self._ref = [0] * self.num_blocks
         self._nshared = 0   # blocks held by more than one request (prefix hits)
         self._key: list[Hashable | None] = [None] * self.num_blocks   # block -> its cache key
@@ -240,13 +242,17 @@ class KVCacheManager:
             # request's are; a key given twice takes the loop below.
             added = dict(zip(new_keys, new_blocks))
             if len(added) == len(new_blocks):
+                ref = self._ref
                 for b, k in zip(new_blocks, new_keys):
                     bkey[b] = k
+                    ref[b] = 1
                 cache.update(added)
                 self._ncached[req] = num_full_blocks
                 return
+        ref = self._ref
         for b, k in zip(new_blocks, new_keys):
             bkey[b] = k
+            ref[b] = 1
             if cache.setdefault(k, b) != b:   # another block has the key: b is its successor
                 self._dups.setdefault(k, []).append(b)
         self._ncached[req] = num_full_blocks
@@ -278,10 +284,6 @@ class KVCacheManager:
             taken = front[-k:]
             taken.reverse()
             del front[-k:]
-            if self.enable_prefix_caching:
-                ref = self._ref
-                for b in taken:
-                    ref[b] = 1
             out += taken   # blocks without a key: nothing to evict
             n -= k
             if not n:
@@ -292,10 +294,6 @@ class KVCacheManager:
             taken = self._take_past_stale(n)
         else:
             self._head = head + n
-        if self.enable_prefix_caching:
-            ref = self._ref
-            for b in taken:
-                ref[b] = 1
         if self._cache:   # a popped cached block is evicted (none is while nothing is cached)
             bkey, cache, dups = self._key, self._cache, self._dups
             keys = list(map(bkey.__getitem__, taken))
@@ -489,12 +487,15 @@ class KVCacheManager:
         ref = self._ref
         if not self._nshared:   # no block is shared: all go back, tail first
             if self.enable_prefix_caching:
-                for b in blocks:
+                for b in (blocks if num_cached is None else blocks[:num_cached]):
                     ref[b] = 0
             self._queue += reversed(blocks)
             return
-        append = self._queue.append
+        append, key = self._queue.append, self._key
         for b in reversed(blocks):
+            if key[b] is None:   # its only holder was this request
+                append(b)
+                continue
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
@@ -514,16 +515,19 @@ class KVCacheManager:
         tail: list[int] = []
         head: list[int] = []
         for b in reversed(blocks[num_hashed:]):   # past the hashed ones: a request's last block or two
+            if key[b] is None:   # its only holder was this request
+                head.append(b)
+                continue
             r = ref[b] - 1
             ref[b] = r
             if r:
                 if r == 1:
                     self._nshared -= 1
                 continue
-            (head if key[b] is None else tail).append(b)
+            tail.append(b)
         # The hashed blocks all go to the tail, last first, those that reach ref 0.
         if not self._nshared:   # no block is shared: each of them has one holder, this request
-            for b in hashed:
+            for b in hashed[:num_cached]:   # (only blocks with keys keep a count)
                 ref[b] = 0
             tail += reversed(hashed)
             self._queue += tail
@@ -535,7 +539,7 @@ class KVCacheManager:
         # the leading num_cached; those after them have ref 1.
         checked = hashed[:num_cached]
         refs = list(map(ref.__getitem__, checked))
-        for b in hashed:
+        for b in checked:
             ref[b] = 0
         if refs.count(1) == len(refs):   # none shared (most requests)
             tail += reversed(hashed)
@@ -607,13 +611,17 @@ class KVCacheManager:
         return self._refs()[block]
 
     def _refs(self) -> list[int]:
-        """Every block's ref count; counted from the block tables without prefix caching."""
+        """Every block's ref count: kept for blocks with a key (only those can be shared),
+        counted from the block tables for the others."""
         if self.enable_prefix_caching:
-            return self._ref
-        ref = [0] * self.num_blocks
+            ref = [r if k is not None else 0 for r, k in zip(self._ref, self._key)]
+        else:
+            ref = [0] * self.num_blocks
+        key = self._key
         for blocks in self._req.values():
             for b in blocks:
-                ref[b] = 1
+                if key[b] is None:
+                    ref[b] += 1
         return ref
 
     def cached_key(self, block: int) -> Hashable | None:
