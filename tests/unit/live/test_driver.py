@@ -119,18 +119,19 @@ def test_same_decisions_as_the_simulator(name, make, instances, every):
 
     sim = simulate(req, make(k), FixedCost(slow_ms), instances=instances)
     assert _separated(sim, req, gap_ns=k * 3_000_000), "the scenario must keep events apart"
-    # A wrong dispatcher differs on every attempt; a host stall longer than the scenario's gaps
-    # on one. So up to three attempts, each compared exactly.
+    # A wrong dispatcher (or a late one) differs on every attempt; a host stall longer than the
+    # scenario's gaps on one. So up to three attempts, each compared exactly, and the times
+    # within the host's wake-up jitter (a clean CI run once saw a median of 1.06 ms).
     for attempt in range(3):
         live, extra = run_live(req, make(k), factory(slow_ms), instances=instances, engine_warmup=0,
                                wake_every_arrival=every)
-        if batches_of(live) == batches_of(sim):
+        late = np.abs(live.start_ns - sim.start_ns)
+        if batches_of(live) == batches_of(sim) and np.median(late) < 1e6 and late.max() < 15e6:
             break
     assert batches_of(live) == batches_of(sim)
     assert (live.status == COMPLETED).all()
-    # Times agree to within the host's wake-up jitter (loose: shared CI machines stall).
-    assert np.median(np.abs(live.start_ns - sim.start_ns)) < 1e6
-    assert np.abs(live.start_ns - sim.start_ns).max() < 15e6
+    assert np.median(late) < 1e6
+    assert late.max() < 15e6
     assert not extra["partial"]
     if every:
         assert extra["issue_lateness_us"]["n"] == len(set(ARRIVALS_MS))
