@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,20 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from child import measure, write_report
+
 HERE = Path(__file__).resolve().parent
 FLAGS = ["--policy", "dynamic", "--max-batch-size", "64", "--max-queue-delay-us", "1000", "--json"]
-
-
-def measure(cmd: list[str], env: dict, cwd: Path) -> dict:
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {err[-500:]}")
-    return {"wall_s": time.perf_counter() - t0, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "minflt": usage.ru_minflt, "loadavg_1m_before": load}
 
 
 def digest(path: Path) -> str:
@@ -103,11 +94,7 @@ def main() -> int:
     loads = [x["loadavg_1m_before"] for rs in runs.values() for x in rs]
     report["loadavg_1m_min"], report["loadavg_1m_max"] = min(loads), max(loads)
     print(f"load average {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    import shutil
-
+    write_report(report, args.out)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import shutil
@@ -35,20 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from child import measure, write_report
+
 HERE = Path(__file__).resolve().parent
 FLOOR = "import numpy, typer (OPENBLAS_NUM_THREADS=1)"
 NUMPY = "import numpy (OPENBLAS_NUM_THREADS=1)"
 RESULTS = HERE / "results"
-
-
-def measure(cmd: list[str], env: dict | None = None) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=None if env is None else dict(os.environ, **env))
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed")
-    return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def import_times(cmd: list[str]) -> dict:
@@ -94,7 +85,7 @@ def main() -> int:
     loads = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for name, cmd in commands.items():
-            runs[name].append(measure(cmd, {"OPENBLAS_NUM_THREADS": "1"} if name in (NUMPY, FLOOR) else None))
+            runs[name].append(measure(cmd, dict(os.environ, OPENBLAS_NUM_THREADS="1") if name in (NUMPY, FLOOR) else None))
         loads.append(os.getloadavg()[0])
     report: dict = {"benchmark": "bench_startup", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "rounds": args.rounds, "cores": os.cpu_count(), "python": sys.version.split()[0],
@@ -112,9 +103,7 @@ def main() -> int:
     print(f"load average {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores")
     print("imports of the small run (ms, -X importtime self times): "
           + ", ".join(f"{k} {v}" for k, v in list(report["importtime_ms_small_run_json"].items())[:10]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
