@@ -75,13 +75,15 @@ _PLAIN_CSV_BYTES = 1 << 18
 importing pyarrow takes about 0.04 s of CPU, the csv module reads 10,000 rows in about that."""
 
 
-def _POOL():
+def _arrow_pool():
     """Arrow's buffers from malloc rather than its default pool (mimalloc), which keeps what the
     CSV reader frees: then numpy's arrays reuse that memory, and a 2M-row read costs about
     25 MB and 50 ms less (fresh pages are slow to fault in)."""
     import pyarrow as pa  # lazy: a small plain CSV trace is read without pyarrow (_read_plain)
 
     return pa.system_memory_pool()
+
+
 _META_KEY = b"schedsim.meta"
 
 
@@ -144,7 +146,7 @@ def _read_csv(p: Path, types: dict[str, pa.DataType], *, raw: bool = False) -> p
         convert.strings_can_be_null = False
         convert.null_values = []
     return pcsv.read_csv(p, read_options=pcsv.ReadOptions(encoding="utf8"), convert_options=convert,
-                         memory_pool=_POOL())
+                         memory_pool=_arrow_pool())
 
 
 def _numpy(col) -> np.ndarray:
@@ -160,7 +162,7 @@ def _numpy(col) -> np.ndarray:
 
         return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
     if isinstance(col, pa.ChunkedArray):
-        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks(memory_pool=_POOL())
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks(memory_pool=_arrow_pool())
     if hasattr(col, "__dlpack__"):  # pyarrow >= 15
         return np.from_dlpack(col)
     return col.to_numpy(zero_copy_only=False)
@@ -461,7 +463,7 @@ def _load_parquet(p: Path, name: str) -> Trace:
         if pa.types.is_integer(t) and col.null_count == 0:
             cols[c] = _numpy(col)  # _build checks the range of the column's own type
         else:
-            cols[c] = _numpy(pc.cast(col, pa.float64(), memory_pool=_POOL()))  # nulls become NaN
+            cols[c] = _numpy(pc.cast(col, pa.float64(), memory_pool=_arrow_pool()))  # nulls become NaN
     trace = _build(cols, _RowLocator(name), name)
     if "hash_ids" in wanted:
         col = table.column("hash_ids").combine_chunks()
