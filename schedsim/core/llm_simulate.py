@@ -139,8 +139,7 @@ class _Driver:
         if step.preempted.shape[0]:
             self.preemptions[step.preempted] += 1
         if step.repeat > 1:
-            repeats, total, first_end = self._run(step, now)
-            first_end += now
+            repeats, total, first = self._run(step, now)
         else:
             repeats = 1
             if step.verify_only:   # one decode row per token verified
@@ -152,17 +151,16 @@ class _Driver:
             else:
                 total = int(self.cost.step_ns(step.num_tokens, step.context,
                                               step.swap_out_blocks + step.swap_in_blocks))
-            first_end = total
+            first = total
             if step.draft_tokens and self.draft_ns is not None and step.emits.any():
                 # The proposer drafts for every row that sampled, over its context after the step.
                 after = (step.context + step.num_tokens)[step.emits]
-                total = first_end = total + int(self.draft_ns(after, step.draft_tokens))
+                total = first = total + int(self.draft_ns(after, step.draft_tokens))
             if self.host_ns is not None:
                 h = self.host_ns(rows.shape[0])
-                total = first_end = max(total - h, h)
-            first_end += now
+                total = first = max(total - h, h)
         # Token times are worked out from this log once the run is over (_result).
-        self.log.append((now, now + total, first_end, repeats, rows.shape[0], step.kv_blocks_used,
+        self.log.append((now, now + total, now + first, repeats, rows.shape[0], step.kv_blocks_used,
                          step.waiting, step.preempted.shape[0]))
         self.columns.add(step)
         if self.emit_tokens is not None:
@@ -172,8 +170,8 @@ class _Driver:
             # The decode steps the policy would schedule next, nothing having arrived: run
             # at once, one record of their own, as if decided at this step's end.
             start = now + total
-            more, run_total, first = self._run(then, start)
-            self.log.append((start, start + run_total, start + first, more, then.rows.shape[0],
+            more, run_total, then_first = self._run(then, start)
+            self.log.append((start, start + run_total, start + then_first, more, then.rows.shape[0],
                              then.kv_blocks_used, then.waiting, 0))
             self.columns.add(then)
             if self.emit_tokens is not None:
