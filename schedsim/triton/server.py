@@ -33,6 +33,7 @@ Failures are :class:`ServerError`: one line that names the log file.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import hashlib
 import json
@@ -242,27 +243,50 @@ def server_env(install: TritonInstall, extra: dict | None = None) -> dict:
     return env
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports nobody listens on now (the OS's choice).
+
+    The sockets stay open until all are chosen: ports asked for one at a time can
+    repeat, and tritonserver refuses to start with its HTTP and gRPC ports equal.
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def last_error(log_path: Path, limit: int = 240) -> str:
     """The most telling line of a server log: its last error line, else its last line."""
     try:
-        lines = Path(log_path).read_text(errors="replace").splitlines()
+        raw = Path(log_path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    lines = [ln.strip() for ln in lines if ln.strip()]
+    usage = usage_complaint(raw)
+    lines = [ln.strip() for ln in raw if ln.strip()]
     # A model that failed to load says why on its own line; the server's last line only
     # says "failed to load all models".
     load = [ln for ln in lines if "failed to load '" in ln]
     errors = [ln for ln in lines if ln[:1] == "E" and ln[1:5].isdigit()
               or "error" in ln.lower() and "nvml" not in ln.lower() and "dcgm" not in ln.lower()]
-    line = load[0] if load else (errors or lines or [""])[-1]
+    line = usage or (load[0] if load else (errors or lines or [""])[-1])
     return line if len(line) <= limit else line[:limit] + "..."
+
+
+def usage_complaint(lines: list[str]) -> str:
+    """What tritonserver said about its command line, "" when it printed no usage text.
+
+    A rejected option prints the whole usage text (whose help lines mention "error")
+    with the reason before it ("unrecognized option") or after it ("Bad option",
+    "cannot listen ... at the same address and port"): the reason is the unindented
+    lines that are neither the "Usage:" line nor a section heading.
+    """
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Usage: tritonserver")), None)
+    if start is None:
+        return ""
+    said = [ln.strip() for i, ln in enumerate(lines)
+            if i != start and ln.strip() and not ln[:1].isspace() and not ln.rstrip().endswith(":")]
+    return " ".join(said) or "tritonserver rejected its command line"
 
 
 @dataclass
@@ -351,9 +375,12 @@ class TritonServer:
         if self.install is None:
             self.install = find_tritonserver()
         backend_dir = python_backend_dir(self.install, self.cache_dir)
-        for name in ("http_port", "grpc_port", "metrics_port"):
+        names = ("http_port", "grpc_port", "metrics_port")
+        taken = {getattr(self, name) for name in names}
+        ports = iter(p for p in free_ports(len(names) * 2) if p not in taken)
+        for name in names:
             if not getattr(self, name):
-                setattr(self, name, free_port())
+                setattr(self, name, next(ports))
         self.command = [str(self.install.binary), f"--model-repository={self.repository}",
                         f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                         f"--metrics-port={self.metrics_port}", "--exit-timeout-secs=10",

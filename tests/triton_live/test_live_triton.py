@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import ROOT, assert_one_line_error, schedsim
-from schedsim.triton.server import ServerError, TritonServer
+from schedsim.triton.server import ServerError, TritonServer, free_ports
 from triton_helpers import INSTALL, poisson_trace, pytestmark  # noqa: F401 - skip/require a tritonserver
 
 BURSTS = [3, 5, 8, 2, 7, 1, 4, 6, 8, 3]
@@ -120,6 +120,25 @@ def test_a_model_that_fails_in_initialize_is_reported_with_its_log(tmp_path):
             pass
     assert "no weights here" in str(err.value) and str(tmp_path / "server.log") in str(err.value)
     assert "\n" not in str(err.value) and server.returncode is not None
+
+
+def test_a_rejected_command_line_is_reported_by_its_reason_not_the_usage_text(tmp_path):
+    # tritonserver prints its whole usage text, whose help lines mention "error", around
+    # the one line that says what was wrong.
+    from schedsim.triton.repository import model_config, write_repository
+
+    ok = tmp_path / "ok_model.py"
+    ok.write_text("class TritonPythonModel:\n    pass\n")
+    write_repository(tmp_path / "repo", "ok", model_config("ok", policy="none", params={}), ok)
+    (port,) = free_ports(1)
+    server = TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL, ready_timeout_s=60,
+                          http_port=port, grpc_port=port)
+    with pytest.raises(ServerError) as err:
+        with server:
+            pass
+    message = str(err.value)
+    assert "cannot listen to HTTP requests and GRPC requests at the same address and port" in message
+    assert "--load-model" not in message and "\n" not in message and str(tmp_path / "server.log") in message
 
 
 def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:

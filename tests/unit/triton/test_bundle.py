@@ -120,3 +120,32 @@ def test_last_error_prefers_the_models_own_load_failure(tmp_path):
     assert "failed to load 'm' version 1" in server.last_error(log)
     log.write_text("I1201 starting\nE1201 x.cc] \"boom\"\nI1201 after\n")
     assert server.last_error(log) == 'E1201 x.cc] "boom"'
+
+
+USAGE_TEXT = ("Usage: tritonserver [options]\n  --help\n\tPrint usage\n\nLogging:\n  --log-error <boolean>\n"
+              "\tEnable/disable error-level logging.\n  --load-model <string>\n"
+              "\t--load-model argument will result in error. Note that this option will only\n\n")
+
+
+@pytest.mark.parametrize("before, after, reason", [
+    ("", "The server cannot listen to HTTP requests and GRPC requests at the same address and port 0.0.0.0:1\n",
+     "The server cannot listen to HTTP requests and GRPC requests at the same address and port 0.0.0.0:1"),
+    ("", 'Bad option: "--http-port".\nInvalid option value. Got abc\n',
+     'Bad option: "--http-port". Invalid option value. Got abc'),
+    ("/x/bin/tritonserver: unrecognized option '--bogus'\n", "", "/x/bin/tritonserver: unrecognized option '--bogus'"),
+])
+def test_last_error_gives_the_reason_a_command_line_was_rejected(tmp_path, before, after, reason):
+    # Texts as tritonserver 2.51 prints them (its usage text shortened).
+    log = tmp_path / "log"
+    log.write_text(before + USAGE_TEXT + after)
+    assert server.last_error(log) == reason
+
+
+def test_free_ports_are_distinct_and_free():
+    import socket
+
+    for _ in range(50):
+        ports = server.free_ports(6)
+        assert len(set(ports)) == 6
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
