@@ -243,6 +243,11 @@ def server_env(install: TritonInstall, extra: dict | None = None) -> dict:
     return env
 
 
+PORT_FIELDS = ("http_port", "grpc_port", "metrics_port")
+PORT_ATTEMPTS = 3
+"""Starts tried when a port chosen free is taken before tritonserver binds it."""
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports nobody listens on now (the OS's choice).
 
@@ -359,13 +364,25 @@ class TritonServer:
         return out
 
     def __enter__(self) -> "TritonServer":
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        chosen = [name for name in PORT_FIELDS if not getattr(self, name)]
+        attempt = 1
+        while True:
+            self.start()
+            try:
+                self.wait_ready()
+                return self
+            except ServerError as exc:
+                self.stop()
+                # A port chosen free can be taken by another process before the server
+                # binds it: choose again rather than fail the run.
+                if not chosen or "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                for name in chosen:
+                    setattr(self, name, 0)
+                attempt += 1
+            except BaseException:
+                self.stop()
+                raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -375,10 +392,9 @@ class TritonServer:
         if self.install is None:
             self.install = find_tritonserver()
         backend_dir = python_backend_dir(self.install, self.cache_dir)
-        names = ("http_port", "grpc_port", "metrics_port")
-        taken = {getattr(self, name) for name in names}
-        ports = iter(p for p in free_ports(len(names) * 2) if p not in taken)
-        for name in names:
+        taken = {getattr(self, name) for name in PORT_FIELDS}
+        ports = iter(p for p in free_ports(len(PORT_FIELDS) * 2) if p not in taken)
+        for name in PORT_FIELDS:
             if not getattr(self, name):
                 setattr(self, name, next(ports))
         self.command = [str(self.install.binary), f"--model-repository={self.repository}",

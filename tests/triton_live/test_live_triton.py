@@ -141,6 +141,32 @@ def test_a_rejected_command_line_is_reported_by_its_reason_not_the_usage_text(tm
     assert "--load-model" not in message and "\n" not in message and str(tmp_path / "server.log") in message
 
 
+def test_a_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path, monkeypatch):
+    import socket
+
+    from schedsim.triton import server as server_module
+    from schedsim.triton.repository import model_config, write_repository
+
+    ok = tmp_path / "ok_model.py"
+    ok.write_text("class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
+    write_repository(tmp_path / "repo", "ok", model_config("ok", policy="none", params={}), ok)
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        real, calls = server_module.free_ports, []
+
+        def first_call_returns_a_taken_port(count):
+            calls.append(count)
+            ports = real(count)
+            return [taken, *ports[1:]] if len(calls) == 1 else ports
+
+        monkeypatch.setattr(server_module, "free_ports", first_call_returns_a_taken_port)
+        with TritonServer(tmp_path / "repo", tmp_path / "server.log", INSTALL, ready_timeout_s=60) as server:
+            assert server.http_port != taken and server.get("/v2/health/ready")[0] == 200
+    assert len(calls) == 2
+
+
 def _server_pid(out_dir: Path, timeout_s: float = 60.0) -> int:
     """The tritonserver serving OUT_DIR's repository (started by the run under test)."""
     deadline = time.monotonic() + timeout_s
