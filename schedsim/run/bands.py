@@ -152,6 +152,16 @@ def host_sigma(meta: dict, duration_s: float, *, timeline: bool = False) -> floa
     return math.sqrt(var) if var > 0 else 0.0
 
 
+NO_HOST_RECORD = ("the host's speed between and within runs: the profile's sidecar has no host_variation record "
+                  "(schedsim profile --host-variation-s S measures one), so live runs scatter wider than this band")
+"""A request-level band's ``absent`` entry when the profile has no host record."""
+
+
+def host_record_absent(meta: dict) -> tuple[str, ...]:
+    """``absent`` for :func:`compute_band`: the host entry when ``meta`` has no host record."""
+    return () if isinstance(meta, dict) and isinstance(meta.get("host_variation"), dict) else (NO_HOST_RECORD,)
+
+
 _HOST_STREAM = 0x686F7374  # "host": a replication's host timeline, drawn from its seed
 
 

@@ -13,8 +13,8 @@ from schedsim.cost.model import CostModel
 from schedsim.cost.profile import default_profile_path, load_profile
 from schedsim.errors import InputError
 from schedsim.registry import build_policy
-from schedsim.run.bands import (REQUEST_KEYS, compute_band, host_sigma, plan_band, request_level_one,
-                                 trace_duration_s)
+from schedsim.run.bands import (REQUEST_KEYS, compute_band, host_record_absent, host_sigma, plan_band,
+                                 request_level_one, trace_duration_s)
 from schedsim.core.results import PolicyError
 from schedsim.run.guard import check_served, guard, unwrap
 from schedsim.run.outdir import claim_run_dir
@@ -177,7 +177,8 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
     if band_plan is not None:
         phase("prediction band")
         summary |= compute_band(band_plan, spec.seed, request_level_one(spec, inputs, cost, contention), REQUEST_KEYS,
-                                sigma=host_sigma(cost.profile.meta, trace_duration_s(trace), timeline=True))
+                                sigma=host_sigma(cost.profile.meta, trace_duration_s(trace), timeline=True),
+                                absent=host_record_absent(cost.profile.meta))
     grid_model = pair_grid_model(cost) if instances > 1 else None
     summary["config"] = policy_config(spec, inputs) | {
         "profile": str(profile_path), "seed": spec.seed, "replications": spec.replications,

@@ -265,9 +265,27 @@ def test_run_reports_edges_and_leaves_the_point_estimate_bit_for_bit(trace_file)
         assert banded[f"{key}_lo"] <= banded[f"{key}_hi"]
     assert banded["band"]["level"] == 0.9 and banded["band"]["replications"] == 19
     assert "order statistics" in banded["band"]["method"]
+    # The bundled profile has no host record: the band says what it leaves out.
+    assert banded["band"]["absent"] == [bands.NO_HOST_RECORD]
+    assert f"not in the band: {bands.NO_HOST_RECORD}" in bands.band_text(banded)
     again = execute(RunSpec(trace=trace_file)).summary
     assert {k: again[k] for k in again if k.endswith(("_lo", "_hi"))} == \
         {k: banded[k] for k in banded if k.endswith(("_lo", "_hi"))}
+
+
+def test_a_profile_with_a_host_record_leaves_nothing_out(trace_file, tmp_path):
+    import json
+    import shutil
+
+    src = default_profile_path()
+    for sibling in src.parent.glob(src.stem + ".*"):
+        shutil.copy(sibling, tmp_path / sibling.name)
+    profile = tmp_path / src.name
+    meta = json.loads(src.with_suffix(".json").read_text())
+    meta["host_variation"] = TIMELINE
+    (tmp_path / src.with_suffix(".json").name).write_text(json.dumps(meta))
+    band = execute(RunSpec(trace=trace_file, profile=profile)).summary["band"]
+    assert "absent" not in band and any(s.startswith("the host's measured speed") for s in band["sources"])
 
 
 def test_run_with_replications_keeps_its_means_and_adds_the_band(trace_file):
