@@ -126,6 +126,7 @@ def run_cell(base: RunSpec, cell: dict, keys: tuple, slo: tuple = ()) -> dict:
         if isinstance(summary.get(f"{key}_hi"), (int, float)):
             row[f"{key}_lo"], row[f"{key}_hi"] = float(summary[f"{key}_lo"]), float(summary[f"{key}_hi"])
     row["_notes"] = [n for n in summary.get("notes", []) if "prediction band" in n]
+    row["_band_absent"] = list((summary.get("band") or {}).get("absent", []))
     row["_missing"] = [k for k in keys if not isinstance(summary.get(k), (int, float))]
     row["_known"] = sorted(k for k, v in summary.items()
                            if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -303,7 +304,9 @@ def judged_on(rows: list[dict], slo: tuple, confidence: float | None) -> str:
     banded = any(row.get(f"{c.key}_hi") is not None for row in rows for c in slo)
     text = slo_basis(confidence_of(confidence), banded)
     notes = {n for row in rows for n in row.get("_notes", [])}
-    return text + (f" ({next(iter(notes))})" if notes and not banded else "")
+    absent = dict.fromkeys(a for row in rows for a in row.get("_band_absent", []))
+    return (text + (f" ({next(iter(notes))})" if notes and not banded else "")
+            + "".join(f"; not in the band: {a}" for a in absent if banded))
 
 
 def run_command(row: dict, spec: SweepSpec) -> str:

@@ -176,7 +176,9 @@ def test_plan_on_the_band_is_minimal_on_the_band_and_never_below_the_point_plan(
     misses it on N-1; it needs at least as many replicas as the point plan."""
     _, out, plan = planned_on_band
     assert plan["slo_confidence"] == 0.95 and "90% prediction band" in plan["slo_judged_on"]
+    assert "not in the band: the host's speed" in plan["slo_judged_on"]
     assert planned[2]["slo_judged_on"].startswith("the point estimate")
+    assert "not in the band" not in planned[2]["slo_judged_on"]
     trace_path = out / "plan_trace.csv"
     from schedsim.traces.io import load_trace, trace_stats
 
@@ -303,6 +305,8 @@ def test_sweep_judges_the_slo_on_the_band_and_says_so(trace, tmp_path):
     assert "SLO judged on the edge of each setting's 90% prediction band" in " ".join(proc.stdout.split())
     best = json.loads((tmp_path / "band" / "best.json").read_text())
     assert best["slo_confidence"] == 0.95 and "90% prediction band" in best["slo_judged_on"]
+    # The bundled profile has no host record, and the verdict says its band lacks the host.
+    assert "not in the band: the host's speed" in best["slo_judged_on"]
     margin = best["best"]["slo_margins"][0]
     assert margin["judged_value"] >= margin["value"] and margin["band"][0] <= margin["band"][1]
     header = (tmp_path / "band" / "sweep.csv").read_text().splitlines()[0].split(",")
