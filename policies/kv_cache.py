@@ -80,6 +80,7 @@ Not modelled: hybrid/sliding-window groups; v0's prefix-caching CPU allocator.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from itertools import takewhile
 
 __all__ = ["KVCacheError", "KVCacheManager"]
 
@@ -201,12 +202,8 @@ class KVCacheManager:
             size = 16
             while True:
                 end = min(limit, hits + size)
-                for key in keys[hits:end]:
-                    if key not in cache:
-                        end = -1
-                        break
-                    hits += 1
-                if end < 0 or hits == limit:
+                hits += len(list(takewhile(cache.__contains__, keys[hits:end])))
+                if hits < end or hits == limit:
                     break
                 size *= 4
         tokens = hits * self.block_size

@@ -100,7 +100,7 @@ class BlockKeys:
             own = (-1 - self.row) * KEY_SPAN
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
-            return self.leading[start:stop] + [own + i for i in range(max(start, shared), stop)]
+            return self.leading[start:stop] + list(range(own + max(start, shared), own + stop))
         if j < self.shared:
             return self.leading[j]
         return (-1 - self.row) * KEY_SPAN + j
