@@ -250,8 +250,11 @@ def _reuse_freed_memory() -> None:
     in the heap for reuse instead of handing each back to the kernel. A run allocates and frees
     columns of millions of rows one after another, and every fresh block costs a page fault per
     4 KiB page when first written: 0.03-0.07 s of system time in a 2,000,000-request run (3-9%
-    of its CPU time), for about the same peak memory. The process exits soon after (long-running
-    commands such as ``live`` keep glibc's defaults)."""
+    of its CPU time), for about the same peak memory. Threads (pyarrow's CSV reader, the
+    ``--out`` writer) allocate from that same heap, not from arenas of their own, so they too
+    reuse what the run freed: about 4,000 fewer page faults in a 2,000,000-request run and 8,000
+    fewer with ``--out``. The process exits soon after (long-running commands such as ``live``
+    keep glibc's defaults)."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return
@@ -260,6 +263,7 @@ def _reuse_freed_memory() -> None:
         return
     mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD: blocks below it come from the heap
     mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD: the heap's free top is kept up to 1 GiB
+    mallopt(-8, 1)          # M_ARENA_MAX: one heap for every thread
 
 
 def _main(argv: list[str] | None) -> int:
