@@ -362,15 +362,16 @@ class PagedKV(LLMPolicy):
             all_running = False   # no two steps alike: never repeated
         if head is None:
             step = make_step(rows, ntok, ctx, emit)
-        else:   # the running rows' columns, then any admitted ones
+        else:   # the running rows' columns, then any admitted ones (each column in one call)
             h_rows, h_ntok, h_ctx, h_emit = head[:4]
             if rows:
-                h_rows = np.concatenate([h_rows, np.array(rows, dtype=np.int64)])
-                h_ntok = np.concatenate([h_ntok, np.array(ntok, dtype=np.int64)])
-                h_ctx = np.concatenate([h_ctx, np.array(ctx, dtype=np.int64)])
-                h_emit = np.concatenate([h_emit, np.array(emit, dtype=bool)])
-            step = Step(rows=h_rows, num_tokens=h_ntok.astype(np.int32), context=h_ctx.astype(np.int32),
-                        emits=h_emit)
+                step = Step(rows=np.concatenate((h_rows, rows), dtype=np.int64),
+                            num_tokens=np.concatenate((h_ntok, ntok), dtype=np.int32, casting="unsafe"),
+                            context=np.concatenate((h_ctx, ctx), dtype=np.int32, casting="unsafe"),
+                            emits=np.concatenate((h_emit, emit), dtype=bool))
+            else:
+                step = Step(rows=h_rows, num_tokens=h_ntok.astype(np.int32), context=h_ctx.astype(np.int32),
+                            emits=h_emit)
         # Identical steps follow only when every row decodes: a one-token prefill chunk (a
         # budget squeezed to 1) emits nothing now but will emit once its prompt is in.
         if head is None:
@@ -664,13 +665,13 @@ class PagedKV(LLMPolicy):
             if not self._allocate_in_order(rows, end, grow, register.nonzero()[0], filled):
                 return None
             due &= ~register   # _cache_full_blocks moved their count
-        elif grow.shape[0]:
-            if not self.kv.allocate_each(rows[grow].tolist(), end[grow].tolist()):
+        if grow.shape[0]:
+            g_rows, g_end = rows[grow], end[grow]
+            if register is None and not self.kv.allocate_each(g_rows.tolist(), g_end.tolist()):
                 return None
+            cap[g_rows] = -(-g_end // bs) * bs
         if due is not None:
             full[rows[due]] = filled[due]
-        if grow.shape[0]:
-            cap[rows[grow]] = -(-end[grow] // bs) * bs
         return rows, n, c, end >= known, budget
 
     def _allocate_in_order(self, rows, end, grow, register, filled) -> bool:
