@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] == ["run"]:
         _reuse_freed_memory()
         _one_blas_thread()
+        _arrow_from_malloc()
     try:
         return _main(argv)
     finally:
@@ -243,6 +244,16 @@ def _one_blas_thread() -> None:
     thread per core and their buffers at import, about 30 ms of CPU on 2 cores, for linear
     algebra that a run does not do. A value the user set is kept."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _arrow_from_malloc() -> None:
+    """For ``schedsim run`` run as the program, before pyarrow loads: pyarrow's default buffers
+    come from malloc (the heap of :func:`_reuse_freed_memory`), not from its mimalloc pool, whose
+    fresh memory no later array reuses. Reading a 2,000,000-row Parquet trace then takes about
+    30 MB less peak memory and a third of the system time (0.13 s against 0.47 s, medians of 4
+    in turn). The CSV reader asks for malloc's pool itself (schedsim.traces.io). A value the user
+    set is kept."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 def _reuse_freed_memory() -> None:
