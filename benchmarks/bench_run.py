@@ -12,7 +12,8 @@ most 200 bytes of memory per request for every variant (``none``, ``static`` and
 
 Each round runs every whole-run variant once and then bare simpy once (``--repeat``
 rounds, ``--bare-repeat`` bare measurements), so drift in the shared machine's speed
-falls on all alike; the verdict compares medians, and min and max are reported too.
+falls on all alike, each round starting one variant later; the verdict compares medians,
+and min and max are reported too.
 
 Writes benchmarks/results/bench_run.json (every figure, the exact commands, machine
 metadata) and, when the speed target is missed, a cProfile of the in-process simulate()
@@ -442,11 +443,14 @@ def main(argv: list[str] | None = None) -> int:
 
         bare_n = min(args.bare_n or args.n, args.n)
         # Rounds: every variant once, then bare simpy, so that drift in the machine's speed
-        # falls on all of them alike; medians, not single runs, make the verdict.
+        # falls on all of them alike; medians, not single runs, make the verdict. Each round
+        # starts one variant later, so that the run right after bare simpy (a long process
+        # holding 2,000,000 simpy processes) is not always the same one.
         runs: dict[str, list] = {label: [] for label, _, _ in VARIANTS}
         bare_runs = []
         for round_ in range(max(args.repeat, bare_repeat)):
-            for label, kind, flags in VARIANTS if round_ < args.repeat else ():
+            first = round_ % len(VARIANTS)
+            for label, kind, flags in VARIANTS[first:] + VARIANTS[:first] if round_ < args.repeat else ():
                 r = whole_run(spawner, exe, traces[kind], label, flags, args.n, tmp / f"{label}.json",
                               baseline["maxrss_bytes"], small_run["maxrss_bytes"])
                 runs[label].append(r)
