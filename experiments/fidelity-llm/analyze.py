@@ -75,7 +75,7 @@ def engine_model(cells_mod, is_smoke: bool = False, run: Path | None = None):
     recorded (runs 1-12 had no dense sweep of short prefills), today's without one."""
     from schedsim.cost.step_model import StepCostModel
     from schedsim.cost.step_profile import load_step_profile
-    from schedsim.live.llm_driver import warm_token_counts
+    from schedsim.live.llm_warmup import warm_token_counts
     from schedsim.registry import build_policy
     from schedsim.core.policy import Requests
 

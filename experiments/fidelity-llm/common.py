@@ -78,7 +78,7 @@ def engine_settings(runs) -> dict:
     """The one live engine of the cells and its warm-up, from (requests, policy) pairs of all
     cells (run_h200.py builds it so; analyze.py prices its warm-up): ``num_blocks``,
     ``max_context``, ``max_seqs`` and ``prefill_tokens``."""
-    from schedsim.live.llm_driver import engine_context, warmup_prefill_tokens
+    from schedsim.live.llm_warmup import engine_context, warmup_prefill_tokens
 
     return {"num_blocks": max(p.budget.num_blocks for _, p in runs),
             "max_context": max(engine_context(r, p) for r, p in runs),

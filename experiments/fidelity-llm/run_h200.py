@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import HERE, engine_settings, load_cell_trace, load_cells, save_result, smoke  # noqa: E402
 from schedsim.files import json_safe  # noqa: E402
-from schedsim.live.llm_driver import run_live_llm, warm_up, write_live_steps_csv  # noqa: E402
+from schedsim.live.llm_driver import run_live_llm, write_live_steps_csv  # noqa: E402
+from schedsim.live.llm_warmup import warm_up  # noqa: E402
 from schedsim.core.llm_metrics import summarize_llm  # noqa: E402
 from schedsim.registry import build_policy  # noqa: E402
 from schedsim.core.policy import Requests  # noqa: E402

@@ -53,7 +53,7 @@ def one(task: tuple[str, str]) -> dict:
     from schedsim.core.policy import Requests
     from schedsim.cost.step_model import StepCostModel
     from schedsim.cost.step_profile import load_step_profile
-    from schedsim.live.llm_driver import live_warm_tokens
+    from schedsim.live.llm_warmup import live_warm_tokens
     from schedsim.registry import build_policy
     from schedsim.run.llm_runner import default_step_profile_path
     from schedsim.traces.io import load_trace, scale_rate

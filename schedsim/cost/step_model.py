@@ -62,7 +62,7 @@ of the ``n``, :data:`~schedsim.cost.step_profile.FRESH_COLUMN`), so the fit aims
 share of ``first_call.ms``: the price of a count run before. A simulation then adds
 ``first_call.ms`` to an eager step with a prefill whose token count it has not priced yet
 in this run, beyond :attr:`StepCostModel.warm_tokens` (what the engine ran before the run:
-the live runner's warm-up, :func:`schedsim.live.llm_driver.warm_token_counts`). A long run meets
+the live runner's warm-up, :func:`schedsim.live.llm_warmup.warm_token_counts`). A long run meets
 every count sooner or later and stops paying; a short one at light load pays at nearly
 every prefill. Not priced by default: against four live runs of the LLM fidelity table it
 moved the median error from 5.8% to 5.2% with one profile and from 7.9% to 9.3% with

@@ -24,7 +24,8 @@ from schedsim.core.llm_metrics import summarize_llm
 from schedsim.core.policy import Requests
 from schedsim.errors import InputError
 from schedsim.files import write_json
-from schedsim.live.llm_driver import engine_context, run_live_llm, write_live_steps_csv
+from schedsim.live.llm_driver import run_live_llm, write_live_steps_csv
+from schedsim.live.llm_warmup import engine_context
 from schedsim.profiling.host import parse_cpu, pin_cpu
 from schedsim.profiling.measure import gpu_state, machine_metadata
 from schedsim.registry import build_policy

@@ -12,7 +12,7 @@ from schedsim.core.policy import Requests
 from schedsim.cost.step_model import StepCostModel
 from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
-from schedsim.live.llm_driver import live_warm_tokens
+from schedsim.live.llm_warmup import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
 from schedsim.run.bands import LLM_AUTO_MAX_REQUESTS, LLM_KEYS, compute_band, host_sigma, plan_band, trace_duration_s
 from schedsim.run.llm_bands import NO_HOST_RECORD, StepSpread, llm_one, noisy

@@ -293,7 +293,7 @@ def test_a_first_call_longer_than_a_step_is_refused():
 
 
 def test_the_simulator_starts_every_run_with_the_warm_counts():
-    from schedsim.live.llm_driver import warm_token_counts
+    from schedsim.live.llm_warmup import warm_token_counts
 
     counts = warm_token_counts(block_size=16, num_blocks=4096, max_context=8192, graph_batch_sizes=(1, 2, 4, 8),
                                max_seqs=16, prefill_tokens=2048)

@@ -320,7 +320,7 @@ def test_step_log_records_each_steps_composition(model):
 
 
 def test_warm_up_runs_eager_shapes_and_leaves_every_block_but_the_null_one_alone(model):
-    from schedsim.live.llm_driver import prefill_lengths, warm_up
+    from schedsim.live.llm_warmup import prefill_lengths, warm_up
 
     assert prefill_lengths(100) == [100, 96, 81, 64, 48, 41, 32, 24, 21, 16, 9, 5, 2]
     assert prefill_lengths(3) == [3, 2]

@@ -19,7 +19,8 @@ from schedsim.core.llm_simulate import simulate_llm  # noqa: E402
 from schedsim.core.results import COMPLETED  # noqa: E402
 from schedsim.live.engines.decoder import DRAFT_MODELS  # noqa: E402
 from schedsim.live.engines.llm_engine import PagedLLMEngine, draft_engine  # noqa: E402
-from schedsim.live.llm_driver import engine_context, run_live_llm  # noqa: E402
+from schedsim.live.llm_driver import run_live_llm  # noqa: E402
+from schedsim.live.llm_warmup import engine_context  # noqa: E402
 from schedsim.live.speculative import lookup  # noqa: E402
 from schedsim.registry import build_policy  # noqa: E402
 from live_llm_helpers import BS, models, one_thread  # noqa: E402,F401  (fixtures)
