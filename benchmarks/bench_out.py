@@ -3,6 +3,7 @@ optionally against an older copy of the code in the same rounds.
 
     python benchmarks/bench_out.py                         # 8 rounds, about 1 minute
     python benchmarks/bench_out.py --before /tmp/old       # also the code in /tmp/old
+    python benchmarks/bench_out.py --format parquet --out benchmarks/results/bench_out_parquet.json
 
 ``--before DIR``: a directory holding an older ``schedsim`` and ``policies`` (and the
 ``profiles`` they read), for example ``git archive COMMIT schedsim policies profiles | tar -x -C
@@ -42,6 +43,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2_000_000, help="requests in the trace")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--before", type=Path, default=None, help="a directory with older schedsim code")
+    ap.add_argument("--format", choices=("csv", "parquet"), default="csv", help="--out's --format")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "bench_out.json")
     args = ap.parse_args()
     import compileall
@@ -60,7 +62,7 @@ def main() -> int:
         env = dict(os.environ, **({"PYTHONPATH": str(root)} if root else {}))
         run = [sys.executable, "-m", "schedsim.cli.main", "run", str(trace), *FLAGS]
         commands[f"{name}"] = (run, env)
-        commands[f"{name} --out"] = ([*run, "--out", str(tmp / name), "--overwrite"], env)
+        commands[f"{name} --out"] = ([*run, "--out", str(tmp / name), "--overwrite", "--format", args.format], env)
     runs: dict[str, list] = {k: [] for k in commands}
     for r in range(args.rounds):
         for name in (list(commands) if r % 2 == 0 else list(commands)[::-1]):
@@ -68,7 +70,7 @@ def main() -> int:
             # sys.path, ahead of PYTHONPATH.
             runs[name].append(measure(*commands[name], tmp))
     report = {"benchmark": "bench_out", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "requests": args.n,
-              "rounds": args.rounds, "before": str(args.before) if args.before else None,
+              "rounds": args.rounds, "before": str(args.before) if args.before else None, "format": args.format,
               "flags": FLAGS, "commands": {}}
     print(f"{'command':14} {'CPU s median':>12} {'min':>6} {'system s':>9} {'minor faults':>12} {'wall s':>7}")
     for name, rs in runs.items():
@@ -84,12 +86,13 @@ def main() -> int:
         report[f"out_added_{name}"] = added
         print(f"--out adds {added:+.0%} of CPU time ({name})")
     if args.before:
-        same = digest(tmp / "now" / "requests.csv") == digest(tmp / "before" / "requests.csv")
+        table = f"requests.{args.format}"
+        same = digest(tmp / "now" / table) == digest(tmp / "before" / table)
         summaries = [json.loads((tmp / n / "summary.json").read_text()) for n in ("now", "before")]
         for s in summaries:
             s["config"].pop("profile", None)
         report["same_requests_csv"], report["same_summary_but_profile_path"] = same, summaries[0] == summaries[1]
-        print(f"requests.csv the same: {same}; summary.json the same but the profile's path: "
+        print(f"{table} the same: {same}; summary.json the same but the profile's path: "
               f"{summaries[0] == summaries[1]}")
     loads = [x["loadavg_1m_before"] for rs in runs.values() for x in rs]
     report["loadavg_1m_min"], report["loadavg_1m_max"] = min(loads), max(loads)
