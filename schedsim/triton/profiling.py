@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from schedsim.errors import InputError
-from schedsim.triton import wake_profile
+from schedsim.triton import host_record, wake_profile
 from schedsim.triton.execution_log import PARAMETER as EXECUTION_LOG
 from schedsim.triton.pair_profile import default_pair_sizes, measure_pair_grid, twin_name
 
@@ -228,7 +228,7 @@ def model_name(b: int) -> str:
     return f"profile_b{b}"
 
 
-ZERO_DELAY_MODEL = "profile_d0"
+ZERO_DELAY_MODEL = host_record.MODEL
 ARRIVALS = ("closed", "open")
 _CLIENTS = {"http": "HTTP, the live client's aiohttp requests with binary output, one asyncio loop",
             "grpc": "gRPC, synchronous tritonclient calls from threads"}
@@ -509,88 +509,6 @@ def _zero_delay(server, spec: TritonProfileSpec, rng, raw: Path) -> dict:
     }
 
 
-def _host_variation(server, spec: TritonProfileSpec, rng) -> tuple[dict, tuple | None]:
-    """How the host's speed moves between and within runs, through the server: lone
-    single-sample requests on the zero-delay model, one at a time over one kept-alive HTTP
-    connection, each timed by the client (the frontend, the batcher and the model: what
-    every request of a live run passes through), 5 rounds of ``spec.host_variation_s``.
-    (record, round): with fresh servers to come, one more round timed here, the table's own
-    server's among theirs (:func:`_host_variation_servers`); else None."""
-    from schedsim.profiling.host_variation import measure, time_round
-
-    call, close = _lone_request(server, spec, rng)
-    try:
-        record = measure(call, rounds=5, round_s=spec.host_variation_s, window_s=_host_window_s(spec),
-                         pause_s=min(0.5, spec.host_variation_s / 4), what=_HOST_CALL.format(seq_len=spec.seq_len))
-        return record, time_round(call, spec.host_variation_s) if spec.host_servers else None
-    finally:
-        close()
-
-
-_HOST_CALL = "one request of seq_len {seq_len} through the server (HTTP, client time)"
-
-
-def _host_window_s(spec: TritonProfileSpec) -> float:
-    return min(0.25, spec.host_variation_s / 4)
-
-
-def _lone_request(server, spec: TritonProfileSpec, rng):
-    """(call, close): one lone request to the zero-delay model over a kept-alive HTTP connection."""
-    import http.client
-
-    from schedsim.triton.client import _body_parts
-
-    prefix, suffix = _body_parts(spec.seq_len, 30522, rng)
-    body = prefix + b"host-variation" + suffix
-    host, port = server.url.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-
-    def call() -> None:
-        conn.request("POST", f"/v2/models/{ZERO_DELAY_MODEL}/infer", body, {"Content-Type": "application/json"})
-        answer = conn.getresponse()
-        answer.read()
-        if answer.status != 200:
-            raise InputError(f"host variation: Triton answered {ZERO_DELAY_MODEL} with HTTP {answer.status}")
-
-    return call, conn.close
-
-
-def _host_variation_servers(spec: TritonProfileSpec, one_server: dict, first: tuple, raw: Path, env: dict, rng,
-                            note) -> dict:
-    """The record over fresh servers: the table's own server's round (``first``) first, then one round on
-    each of ``spec.host_servers`` servers started one after another (only the zero-delay model,
-    warmed by 50 requests). Its factors are over the table's own server's round, so a band
-    replays how much slower or faster than the table's server a fresh one ran; the record of
-    the table's server alone is kept under ``one_server``."""
-    from schedsim.profiling.host_variation import relative_to, summarise, time_round
-    from schedsim.triton.server import TritonServer, find_tritonserver
-
-    repo = write_zero_delay_model(spec, raw / "host_servers_repository")
-    samples = [first]
-    for k in range(spec.host_servers):
-        with TritonServer(repo, raw / f"host_server_{k + 1}.log", find_tritonserver(), env=env,
-                          ready_timeout_s=spec.ready_timeout_s) as server:
-            call, close = _lone_request(server, spec, rng)
-            try:
-                for _ in range(50):
-                    call()
-                samples.append(time_round(call, spec.host_variation_s))
-            finally:
-                close()
-        note(f"host variation: server {k + 1} of {spec.host_servers}: mean {samples[-1][1].mean() * 1e3:.3f} ms "
-             f"(the table's server: {first[1].mean() * 1e3:.3f} ms)")
-    record = summarise(samples, _host_window_s(spec), round_s=spec.host_variation_s,
-                       what=_HOST_CALL.format(seq_len=spec.seq_len))
-    record = relative_to(record, float(first[1].mean()) * 1e3, "the table's own server, its round")
-    return record | {"rounds_are": "servers",
-                     "scope": f"{len(samples)} Triton servers started one after another on one machine, one round "
-                              "each, the first the table's own", "one_server": one_server,
-                     "method": f"lone requests timed back to back for {spec.host_variation_s:g} s on each server (after "
-                               "50 warm-up requests on a fresh one); between_runs_cv = std/mean of the servers' "
-                               f"medians; within_run_cv = std of the {_host_window_s(spec):g}-second window medians "
-                               "over their server's median; the timeline from means, over the table's server's round"}
-
-
 def _trace_samples(trace_path: Path, results: dict) -> tuple[dict, list]:
     """batch -> per-execution ms from the trace, inside each size's measured window."""
     from schedsim.triton.trace_import import read_triton_trace
@@ -687,7 +605,7 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
                 set_model_trace(server.url, ZERO_DELAY_MODEL, None)
             if spec.host_variation_s:
                 note(f"host variation: 5 rounds of {spec.host_variation_s:g} s of lone requests through the server")
-                host, first_round = _host_variation(server, spec, rng)
+                host, first_round = host_record.one_server(server, spec, rng)
             if spec.pairs():
                 note(f"pair grid over sizes {list(spec.pairs())} (two instances on one device) ...")
                 pairs = measure_pair_grid(server, spec, results, spec.pairs(), lambda *a: drive_pair(server, spec, *a),
@@ -699,7 +617,8 @@ def run_triton_profile(spec: TritonProfileSpec, out: str | Path, note=print) -> 
     if first_round is not None and error is None:
         note(f"host variation: {spec.host_servers} fresh servers, one round of {spec.host_variation_s:g} s each ...")
         try:
-            host = _host_variation_servers(spec, host, first_round, raw, env, rng, note)
+            repo = write_zero_delay_model(spec, raw / "host_servers_repository")
+            host = host_record.fresh_servers(spec, repo, host, first_round, raw, env, rng, note)
         except (KeyboardInterrupt, InputError, RuntimeError, OSError) as exc:
             warnings.append(f"host variation over fresh servers stopped ({exc}); the record is the table's server's")
     samples, more = _trace_samples(trace_path, results) if spec.trace else ({}, [])
