@@ -28,7 +28,7 @@ FEW_DECODE_CONTEXTS = (2000, 4000, 4095, 16000, 32000, 32767)
 
 
 def few_decode_compositions():
-    from schedsim.profiling.step_profiler import Composition
+    from schedsim.profiling.step_grid import Composition
 
     grid = [Composition(s, q, 0, b, c) for s, q in FEW_DECODE_PREFILL for b in FEW_DECODES
             for c in FEW_DECODE_CONTEXTS]
@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     from dataclasses import replace
 
     from schedsim.profiling.host import pin_cpu
-    from schedsim.profiling.step_profiler import PlainStepProgress, run_step_profile, spec_from_flags, step_grid
+    from schedsim.profiling.step_profiler import PlainStepProgress, run_step_profile, spec_from_flags
+    from schedsim.profiling.step_grid import step_grid
 
     pinned = pin_cpu(None if args.cpu == "none" else args.cpu)
     spec = spec_from_flags(model=args.model, dtype="bf16", device=args.device, max_time_s=args.max_time_s)

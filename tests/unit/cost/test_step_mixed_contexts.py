@@ -168,7 +168,7 @@ def _profile(tmp_path, comps, **kw):
 
 
 def test_profile_writes_mixed_contexts_with_their_real_kv_tokens(tmp_path):
-    from schedsim.profiling.step_profiler import Composition
+    from schedsim.profiling.step_grid import Composition
 
     comps = [Composition(decode_seqs=4, decode_context=100), Composition.spread(8, 16, 300),
              Composition.spread(8, 16, 300, 3), Composition.spread(4, 20, 200, 1, (1, 24, 0))]
@@ -219,7 +219,7 @@ class _Calls:
 
 @pytest.mark.parametrize("fresh", [True, False])
 def test_fresh_shapes_give_every_prefill_sample_a_new_length(tmp_path, monkeypatch, fresh):
-    from schedsim.profiling.step_profiler import Composition
+    from schedsim.profiling.step_grid import Composition
 
     calls = _Calls(monkeypatch)
     comps = [Composition(1, 64, 0), Composition(1, 64, 100), Composition(2, 40, 0),
@@ -246,7 +246,8 @@ def test_fresh_shapes_give_every_prefill_sample_a_new_length(tmp_path, monkeypat
 
 
 def test_the_first_call_phase_times_new_counts_twice(tmp_path, monkeypatch):
-    from schedsim.profiling.step_profiler import FIRST_CALL_STEPS, Composition
+    from schedsim.profiling.step_profiler import FIRST_CALL_STEPS
+    from schedsim.profiling.step_grid import Composition
 
     calls = _Calls(monkeypatch)
     prof, meta = _profile(tmp_path, [Composition(1, 64, 0), Composition(1, 48, 0, 3, 50)])
@@ -320,7 +321,7 @@ def test_a_bad_fresh_samples_value_names_its_line(tmp_path):
 
 
 def test_warm_shapes_measure_no_first_call(tmp_path):
-    from schedsim.profiling.step_profiler import Composition
+    from schedsim.profiling.step_grid import Composition
 
     prof, meta = _profile(tmp_path, [Composition(1, 64, 0)], fresh_shapes=False)
     assert meta[FIRST_CALL_KEY] is None and prof.first_call_ms is None
@@ -328,7 +329,8 @@ def test_warm_shapes_measure_no_first_call(tmp_path):
 
 
 def test_fresh_shapes_fall_back_to_the_nominal_shape_when_the_band_is_used_up(tmp_path, monkeypatch):
-    from schedsim.profiling.step_profiler import Composition, jitter_tokens
+    from schedsim.profiling.step_profiler import jitter_tokens
+    from schedsim.profiling.step_grid import Composition
 
     calls = _Calls(monkeypatch)
     comps = [Composition(1, 10, c) for c in (0, 20, 40)]   # one token count, a band of +-8

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from schedsim.cost.step_profile import SCHEMA, load_step_profile  # noqa: E402
-from schedsim.profiling.step_profiler import Composition, step_grid  # noqa: E402
+from schedsim.profiling.step_grid import Composition, step_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 COLUMNS = ("prefill_seqs,prefill_chunk,prefill_context,decode_seqs,decode_context,decode_kv_tokens,"
