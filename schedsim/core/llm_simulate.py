@@ -30,8 +30,11 @@ import numpy as np
 
 try:   # numpy 2
     from numpy._core.multiarray import _set_madvise_hugepage
-except ImportError:   # numpy 1.26
-    from numpy.core.multiarray import _set_madvise_hugepage
+except ImportError:
+    try:   # numpy 1.26
+        from numpy.core.multiarray import _set_madvise_hugepage
+    except ImportError:   # a numpy without the switch: its own default pages
+        _set_madvise_hugepage = None
 
 from schedsim.core.events import COMPLETION, DECISION, EventLoop, Scheduled
 from schedsim.core.llm_results import LLMResult, apply_reject, count_type, step_token_sums, token_times
@@ -350,6 +353,9 @@ def _small_pages():
     where memory is fragmented the kernel compacts it to find each huge page: on the
     2-core benchmark machine that made the result 0.46-1.16 s instead of 0.19-0.24 s (in
     turn in one process). Ordinary pages cost the same there every time."""
+    if _set_madvise_hugepage is None:
+        yield
+        return
     was = _set_madvise_hugepage(False)
     try:
         yield
