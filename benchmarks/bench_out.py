@@ -61,7 +61,7 @@ def main() -> int:
     for name, root in copies.items():
         env = dict(os.environ, **({"PYTHONPATH": str(root)} if root else {}))
         run = [sys.executable, "-m", "schedsim.cli.main", "run", str(trace), *FLAGS]
-        commands[f"{name}"] = (run, env)
+        commands[name] = (run, env)
         commands[f"{name} --out"] = ([*run, "--out", str(tmp / name), "--overwrite", "--format", args.format], env)
     runs: dict[str, list] = {k: [] for k in commands}
     for r in range(args.rounds):

@@ -352,7 +352,9 @@ def _small_pages():
     step log of the Azure conversation trace at 10x its rate holds 3.6M entries), and
     where memory is fragmented the kernel compacts it to find each huge page: on the
     2-core benchmark machine that made the result 0.46-1.16 s instead of 0.19-0.24 s (in
-    turn in one process). Ordinary pages cost the same there every time."""
+    turn in one process). Ordinary pages cost the same there every time. (``schedsim run``
+    turns the advice off for its whole process, :func:`schedsim.cli.main._ordinary_pages`;
+    this covers the simulator wherever else it runs: sweeps, plans, library calls.)"""
     if _set_madvise_hugepage is None:
         yield
         return

@@ -157,9 +157,9 @@ NO_HOST_RECORD = ("the host's speed between and within runs: the profile's sidec
 """A request-level band's ``absent`` entry when the profile has no host record."""
 
 
-def host_record_absent(meta: dict) -> tuple[str, ...]:
-    """``absent`` for :func:`compute_band`: the host entry when ``meta`` has no host record."""
-    return () if isinstance(meta, dict) and isinstance(meta.get("host_variation"), dict) else (NO_HOST_RECORD,)
+def host_record_absent(meta: dict, entry: str = NO_HOST_RECORD) -> tuple[str, ...]:
+    """``absent`` for :func:`compute_band`: ``entry`` when ``meta`` has no host record."""
+    return () if isinstance(meta, dict) and isinstance(meta.get("host_variation"), dict) else (entry,)
 
 
 _HOST_STREAM = 0x686F7374  # "host": a replication's host timeline, drawn from its seed

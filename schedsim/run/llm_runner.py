@@ -14,7 +14,8 @@ from schedsim.cost.step_profile import load_step_profile
 from schedsim.errors import InputError
 from schedsim.live.llm_warmup import live_warm_tokens
 from schedsim.registry import build_policy, load_policy_class
-from schedsim.run.bands import LLM_AUTO_MAX_REQUESTS, LLM_KEYS, compute_band, host_sigma, plan_band, trace_duration_s
+from schedsim.run.bands import (LLM_AUTO_MAX_REQUESTS, LLM_KEYS, compute_band, host_record_absent, host_sigma, plan_band,
+                                 trace_duration_s)
 from schedsim.run.llm_bands import NO_HOST_RECORD, StepSpread, llm_one, noisy
 from schedsim.planning.capacity import llm_capacity
 from schedsim.run.spec import LLMOptions, RunInputs, RunOutcome, effective_settings, policy_config, trace_notes
@@ -98,7 +99,7 @@ def execute_llm(spec, options: LLMOptions, trace):
                 draws=spread.describe() if spread else None, point=summaries[0],
                 level_sigma=spread.level_sigma if spread else 0.0,
                 level_source=spread.level_source() if spread else None,
-                absent=() if isinstance(profile.meta.get("host_variation"), dict) else (NO_HOST_RECORD,))
+                absent=host_record_absent(profile.meta, NO_HOST_RECORD))
     notes = sorted({str(w.message) for w in caught}) + ([band_note] if band_note else [])
     notes += [spec_note] if spec_note else []
     for one in summaries:

@@ -392,10 +392,11 @@ class TritonServer:
         if self.install is None:
             self.install = find_tritonserver()
         backend_dir = python_backend_dir(self.install, self.cache_dir)
-        taken = {getattr(self, name) for name in PORT_FIELDS}
-        ports = iter(p for p in free_ports(len(PORT_FIELDS) * 2) if p not in taken)
-        for name in PORT_FIELDS:
-            if not getattr(self, name):
+        missing = [name for name in PORT_FIELDS if not getattr(self, name)]
+        if missing:
+            given = {getattr(self, name) for name in PORT_FIELDS} - {0}
+            ports = iter(p for p in free_ports(len(missing) + len(given)) if p not in given)
+            for name in missing:
                 setattr(self, name, next(ports))
         self.command = [str(self.install.binary), f"--model-repository={self.repository}",
                         f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
