@@ -120,12 +120,18 @@ def request_rows(result: SimResult, request_id: np.ndarray, start: int, stop: in
 
 
 def write_csv(table: pa.Table | TableParts, path) -> None:
-    """``table`` as CSV, the bytes pyarrow's writer gives, made by chunks of rows on every core
-    and written in order: by ``table.text`` where it has one (pyarrow's writer took 1.1 s of CPU
-    for 2,000,000 requests), else by pyarrow (which formats on one thread)."""
+    """``table`` as CSV, the bytes pyarrow's writer gives, made by chunks of rows and written in
+    order as they come: by ``table.text`` where it has one (pyarrow's writer took 1.1 s of CPU
+    for 2,000,000 requests), on one thread while this one writes, else by pyarrow (which
+    formats on one thread) on every core."""
     text = table.text if isinstance(table, TableParts) else None
     chunk_rows = _TEXT_CHUNK_ROWS if text is not None else _CHUNK_ROWS
-    workers = min(os.cpu_count() or 1, -(-table.num_rows // chunk_rows))
+    # csv_text on one thread: much of its work (bytearray.translate, the Python between numpy
+    # calls) holds the GIL, and a second thread added CPU without saving wall time. --out of a
+    # 2,000,000-request run in turn (12 rounds, load 2.1-2.5): 1.31 s of CPU against 1.43 s with
+    # a thread per core, wall 1.46 s against 1.47 s (medians).
+    cores = 1 if text is not None else os.cpu_count() or 1
+    workers = min(cores, -(-table.num_rows // chunk_rows))
     if workers <= 1 and text is None:
         pacsv.write_csv(table.slice(0, table.num_rows), path)
         return
