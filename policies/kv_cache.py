@@ -1,8 +1,9 @@
 """KV-cache block manager: vLLM v1 paged blocks and prefix caching, plus vLLM v0 swap.
 
-Pure Python, deterministic, no simpy and no torch: the ``paged-kv`` and ``continuous``
-policies call it once or more per simulated step, and the live engine reads block ids
-from it. Work per call is proportional to the blocks it touches.
+Deterministic, no simpy and no torch: the ``paged-kv`` and ``continuous`` policies call it
+once or more per simulated step, and the live engine reads block ids from it. Work per call
+is proportional to the blocks it touches, done in numpy and in C-level loops over Python's
+containers rather than Python statements per block (a simulated run moves millions).
 
 Model (vLLM v1: ``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``,
 ``single_type_kv_cache_manager.py``, ``kv_cache_utils.py``, in the versions whose
@@ -79,8 +80,12 @@ Not modelled: hybrid/sliding-window groups; v0's prefix-caching CPU allocator.
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
 from collections.abc import Hashable, Sequence
 from itertools import takewhile
+
+import numpy as np
 
 __all__ = ["KVCacheError", "KVCacheManager"]
 
@@ -96,12 +101,13 @@ class KVCacheManager:
     """
 
     COMPACT_AT = 4096
-    """Consumed free-queue entries kept before the list is trimmed (amortised O(1))."""
+    """Consumed free-queue entries kept before the queue is moved down (amortised O(1))."""
 
     __slots__ = (
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
-        "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_stale", "_nstale", "_ref", "_nshared", "_key",
-        "_cache", "_dups", "_req", "_ncached", "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
+        "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_tail", "_pos",
+        "_nstale", "_ref", "_nshared", "_key", "_keyed", "_cache", "_dups", "_req", "_ncached",
+        "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
@@ -113,35 +119,37 @@ class KVCacheManager:
             raise ValueError(f"block_size: {block_size!r} is not valid; expected an integer >= 1")
         if int(num_swap_blocks) < 0:
             raise ValueError(f"num_swap_blocks: {num_swap_blocks!r} is not valid; expected an integer >= 0")
-        self.num_blocks = int(num_blocks)
+        self.num_blocks = n = int(num_blocks)
         self.block_size = int(block_size)
-        self.usable_blocks = self.num_blocks - 1
+        self.usable_blocks = n - 1
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.num_swap_blocks = int(num_swap_blocks)
         self.free_unhashed_first = bool(free_unhashed_first)
         # Blocks put at the head of the free queue (free_unhashed_first), as a stack: its
         # last entry is the head. They have no key, so no prefix hit takes one out early.
         self._front: list[int] = []
-        # Free queue, head first: the live entries of _queue[_head:]. Blocks are taken from
-        # the head with a list slice and freed onto the tail with one extend (a simulated run
-        # moves millions). A free block taken from the middle (a prefix hit) leaves a stale
-        # entry behind, counted in _stale[block] and skipped when the head reaches it: a
+        # Free queue, head first: the live entries of _queue[_head:_tail] (an int64 buffer,
+        # moved down and grown as needed). Blocks are taken from the head as one slice and
+        # freed onto the tail as one copy. _pos[b] is the index of block b's live entry; an
+        # entry i whose block has _pos != i is stale (a free block taken from the middle by
+        # a prefix hit leaves its entry behind) and is skipped when the head reaches it: a
         # block re-enters the queue only at the tail, so its stale entries come before its
-        # live one.
-        self._queue: list[int] = list(range(1, self.num_blocks))
-        self._head = 0
-        self._stale: dict[int, int] = {}
+        # live one. _nstale counts the stale entries between head and tail.
+        self._queue = np.zeros(2 * n, np.int64)
+        self._queue[:n - 1] = np.arange(1, n)
+        self._head, self._tail = 0, n - 1
+        self._pos = np.arange(-1, n - 1, dtype=np.int64)
         self._nstale = 0
         # Ref counts are kept only for blocks with a key (only those can be shared: a prefix
         # hit finds a block by its key), so only with prefix caching; a block without one is
-        # held by one request at most, and a run skips two list stores per block (_refs
-        # counts those from the block tables).
-        self._ref = [0] * self.num_blocks
+        # held by one request at most (_refs counts those from the block tables).
+        self._ref = np.zeros(n, np.int64)
         self._nshared = 0   # blocks held by more than one request (prefix hits)
-        self._key: list[Hashable | None] = [None] * self.num_blocks   # block -> its cache key
+        self._key = np.full(n, None, dtype=object)   # block -> its cache key (any hashable)
+        self._keyed = np.zeros(n, bool)              # block -> whether it has one
         self._cache: dict[Hashable, int] = {}          # key -> block lookups return
         self._dups: dict[Hashable, list[int]] = {}     # key -> later blocks with that key, oldest first
-        self._req: dict[Hashable, list[int]] = {}      # request -> its GPU blocks, in token order
+        self._req: dict[Hashable, array] = {}          # request -> its GPU blocks, in token order (int64)
         self._ncached: dict[Hashable, int] = {}        # request -> leading blocks already cached
         self._swapped: dict[Hashable, int] = {}        # request -> swap blocks it occupies
         self._free_swap = self.num_swap_blocks
@@ -152,7 +160,7 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._queue) - self._head - self._nstale + len(self._front)
+        return self._tail - self._head - self._nstale + len(self._front)
 
     @property
     def num_used_blocks(self) -> int:
@@ -177,7 +185,7 @@ class KVCacheManager:
     def blocks_of(self, req: Hashable) -> list[int]:
         """Block ids of ``req`` in token order (a copy); ``[]`` if it holds none."""
         blocks = self._req.get(req)
-        return list(blocks) if blocks is not None else []
+        return blocks.tolist() if blocks is not None else []
 
     # -- prefix cache ------------------------------------------------------------------
 
@@ -230,28 +238,21 @@ class KVCacheManager:
         if num_full_blocks > len(blocks) or num_full_blocks > len(keys):
             raise KVCacheError(f"cache_blocks: request {req!r} has {len(blocks)} blocks and "
                                f"{len(keys)} keys, cannot cache {num_full_blocks}")
-        bkey, cache = self._key, self._cache
         # A request's blocks past its leading cached ones have no key: each was taken from
         # the free queue (where a cached block loses its key) and only this call keys them.
         new_blocks, new_keys = blocks[start:num_full_blocks], keys[start:num_full_blocks]
-        if cache.keys().isdisjoint(new_keys):
-            # (Most calls: keys no block has.) In bulk, where the keys are distinct, as a
-            # request's are; a key given twice takes the loop below.
-            added = dict(zip(new_keys, new_blocks))
-            if len(added) == len(new_blocks):
-                ref = self._ref
-                for b, k in zip(new_blocks, new_keys):
-                    bkey[b] = k
-                    ref[b] = 1
-                cache.update(added)
-                self._ncached[req] = num_full_blocks
-                return
-        ref = self._ref
-        for b, k in zip(new_blocks, new_keys):
-            bkey[b] = k
-            ref[b] = 1
-            if cache.setdefault(k, b) != b:   # another block has the key: b is its successor
-                self._dups.setdefault(k, []).append(b)
+        # Each key to its block unless a block has it already (or it is given twice): the
+        # block the map then returns is another, and this one becomes its successor.
+        got = list(map(self._cache.setdefault, new_keys, new_blocks))
+        nb = np.frombuffer(new_blocks, np.int64)
+        self._key[nb] = np.fromiter(new_keys, object, nb.shape[0])
+        self._keyed[nb] = True
+        self._ref[nb] = 1
+        if got != new_blocks.tolist():
+            dups = self._dups
+            for b, k, g in zip(new_blocks, new_keys, got):
+                if g != b:
+                    dups.setdefault(k, []).append(b)
         self._ncached[req] = num_full_blocks
 
     def _uncache(self, b: int, k: Hashable) -> None:
@@ -273,7 +274,7 @@ class KVCacheManager:
 
     # -- allocation --------------------------------------------------------------------
 
-    def _take(self, n: int, out: list[int]) -> None:
+    def _take(self, n: int, out: array) -> None:
         """Pop ``n`` blocks from the free-queue head onto ``out`` (caller checked room)."""
         front = self._front
         if front:   # the head-of-queue stack first, its last entry first
@@ -281,50 +282,79 @@ class KVCacheManager:
             taken = front[-k:]
             taken.reverse()
             del front[-k:]
-            out += taken   # blocks without a key: nothing to evict
+            out.extend(taken)   # blocks without a key: nothing to evict
             n -= k
             if not n:
                 return
-        queue, head = self._queue, self._head
-        taken = queue[head:head + n]
-        if self._stale and not self._stale.keys().isdisjoint(taken):
+        head = self._head
+        if head + n > self._tail:
+            raise KVCacheError(f"free queue: {n} blocks asked, fewer free")
+        taken = self._queue[head:head + n]
+        if self._nstale and not (self._pos[taken] == np.arange(head, head + n)).all():
             taken = self._take_past_stale(n)
         else:
             self._head = head + n
         if self._cache:   # a popped cached block is evicted (none is while nothing is cached)
-            bkey, cache, dups = self._key, self._cache, self._dups
-            keys = list(map(bkey.__getitem__, taken))
-            if keys.count(None) < len(keys):
-                for b, k in zip(taken, keys):
-                    if k is not None:
-                        bkey[b] = None
-                        if dups:
-                            self._uncache(b, k)
-                        else:   # one block per key: k's is b
-                            del cache[k]
-        out += taken
-        if self._head > self.COMPACT_AT and self._head * 2 > len(queue):   # drop the consumed entries
-            del queue[:self._head]
-            self._head = 0
+            keyed = taken[self._keyed[taken]]
+            if keyed.shape[0]:
+                self._evict(keyed)
+        out.frombytes(taken.tobytes())
+        if self._head > self.COMPACT_AT and self._head * 2 > self._tail:   # drop the consumed entries
+            self._move_down()
 
-    def _take_past_stale(self, n: int) -> list[int]:
+    def _take_past_stale(self, n: int) -> np.ndarray:
         """:meth:`_take`'s slow path: the next ``n`` live entries, dropping stale ones passed."""
-        queue, stale, i = self._queue, self._stale, self._head
-        taken: list[int] = []
-        while len(taken) < n:
-            b = queue[i]
-            i += 1
-            left = stale.get(b)
-            if left:
-                self._nstale -= 1
-                if left == 1:
-                    del stale[b]
-                else:
-                    stale[b] = left - 1
-            else:
-                taken.append(b)
+        queue, pos, i = self._queue, self._pos, self._head
+        parts = []
+        while n:
+            if i + n > self._tail:
+                raise KVCacheError("free queue: fewer live entries than counted")
+            part = queue[i:i + n]
+            part = part[pos[part] == np.arange(i, i + n)]
+            parts.append(part)
+            self._nstale -= n - part.shape[0]
+            i += n
+            n -= part.shape[0]
         self._head = i
-        return taken
+        return np.concatenate(parts)
+
+    def _evict(self, blocks: np.ndarray) -> None:
+        """Drop the keys of cached ``blocks`` just taken from the free queue, in order."""
+        keys = self._key[blocks].tolist()
+        self._key[blocks] = None
+        self._keyed[blocks] = False
+        if self._dups:
+            for b, k in zip(blocks.tolist(), keys):
+                self._uncache(b, k)
+        else:   # one block per key: k's is b
+            deque(map(self._cache.__delitem__, keys), 0)
+
+    def _append(self, blocks: np.ndarray) -> None:
+        """Put ``blocks`` (distinct, not in the queue) at the free-queue tail, in order."""
+        m = blocks.shape[0]
+        tail = self._tail
+        if tail + m > self._queue.shape[0]:
+            self._move_down()
+            tail = self._tail
+            if tail + m > self._queue.shape[0]:   # stale entries fill it: grow
+                grown = np.zeros(2 * (tail + m), np.int64)
+                grown[:tail] = self._queue[:tail]
+                self._queue = grown
+        self._queue[tail:tail + m] = blocks
+        self._pos[blocks] = np.arange(tail, tail + m)
+        self._tail = tail + m
+
+    def _move_down(self) -> None:
+        """Move the queue's entries from the head on to the start of its buffer."""
+        head, tail = self._head, self._tail
+        if not head:
+            return
+        queue, pos = self._queue, self._pos
+        entries = queue[head:tail].copy()
+        live = entries[pos[entries] == np.arange(head, tail)]
+        pos[live] -= head
+        queue[:tail - head] = entries
+        self._head, self._tail = 0, tail - head
 
     def allocate(self, req: Hashable, num_tokens: int, keys: Sequence[Hashable] | None = None,
                  num_cached_tokens: int = 0, watermark_blocks: int = 0,
@@ -378,25 +408,25 @@ class KVCacheManager:
             if None in hit_blocks:
                 raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
                                    "longer cached; call computed_prefix in the same step")
-            refs = list(map(self._ref.__getitem__, hit_blocks))
-            evictable = refs.count(0)
+            hit = np.array(hit_blocks, np.int64)
+            refs = self._ref[hit]
+            free = refs == 0
+            evictable = int(np.count_nonzero(free))
         need = total - len(hit_blocks)
         whole = max(total, -(-full_tokens // self.block_size))
         if whole > self.usable_blocks:
             return None   # the whole sequence can never fit; the caller stops it at the limit
         if whole - len(hit_blocks) + evictable + watermark_blocks > self.num_free_blocks:
             return None
+        blocks = array("q", hit_blocks)
         if hit_blocks:   # (distinct blocks: one key each)
-            ref, stale = self._ref, self._stale
-            for b, r in zip(hit_blocks, refs):
-                if r == 0:   # a free block taken from the middle of the queue: a stale entry
-                    stale[b] = stale.get(b, 0) + 1
-                    self._nstale += 1
-                elif r == 1:
-                    self._nshared += 1
-                ref[b] = r + 1
-        self._take(need, hit_blocks)
-        self._req[req] = hit_blocks
+            if evictable:   # free blocks taken from the middle of the queue: stale entries
+                self._pos[hit[free]] = -1
+                self._nstale += evictable
+            self._nshared += int(np.count_nonzero(refs == 1))
+            self._ref[hit] = refs + 1
+        self._take(need, blocks)
+        self._req[req] = blocks
         self._ncached[req] = total - need
         return need
 
@@ -417,7 +447,7 @@ class KVCacheManager:
         if num_blocks > self.num_free_blocks:
             raise KVCacheError(f"allocate_round_robin: {num_blocks} blocks asked, "
                                f"{self.num_free_blocks} free")
-        taken: list[int] = []
+        taken = array("q")
         self._take(num_blocks, taken)
         k = len(tables)
         for i, blocks in enumerate(tables):
@@ -432,7 +462,7 @@ class KVCacheManager:
         if total > self.num_free_blocks:
             return False
         if total:
-            taken: list[int] = []
+            taken = array("q")
             self._take(total, taken)
             at = 0
             for blocks, need in grown:
@@ -475,83 +505,55 @@ class KVCacheManager:
             return
         self._release(blocks, num_hashed, self._ncached.pop(req))
 
-    def _release(self, blocks: list[int], num_hashed: int = 0, num_cached: int | None = None) -> None:
-        """Give ``blocks`` back; ``num_cached``: how many leading ones hold keys (the rest,
-        taken fresh and never registered, have this request as their only holder); None: all."""
-        if self.free_unhashed_first:
-            self._release_split(blocks, num_hashed, len(blocks) if num_cached is None else num_cached)
+    def _release(self, blocks: array, num_hashed: int = 0, num_cached: int | None = None) -> None:
+        """Give ``blocks`` back: those reaching ref 0 go to the free-queue tail, tail blocks
+        first. With ``free_unhashed_first`` (newer vLLM), those without a key and past the
+        first ``num_hashed`` go to the head instead, in order (the last of them becomes the
+        head). ``num_cached``: how many leading ones hold keys (the rest, taken fresh and never
+        registered, have this request as their only holder); None: each block's own."""
+        if not blocks:
             return
-        ref = self._ref
-        if not self._nshared:   # no block is shared: all go back, tail first
-            if self.enable_prefix_caching:
-                for b in (blocks if num_cached is None else blocks[:num_cached]):
-                    ref[b] = 0
-            self._queue += reversed(blocks)
+        order = np.frombuffer(blocks, np.int64)
+        if not self.enable_prefix_caching:   # no keys, no shared blocks
+            if self.free_unhashed_first:
+                self._front += blocks
+            else:
+                self._append(order[::-1])
             return
-        append, key = self._queue.append, self._key
-        for b in reversed(blocks):
-            if key[b] is None:   # its only holder was this request
-                append(b)
-                continue
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                append(b)
-            elif r == 1:
-                self._nshared -= 1
-
-    def _release_split(self, blocks: list[int], num_hashed: int, num_cached: int) -> None:
-        """:meth:`_release` of newer vLLM: blocks reaching ref 0 are taken tail first; keyed
-        ones (or within the first ``num_hashed``) are appended to the tail in that order,
-        the others put at the head in that order (the first of them becomes the head)."""
-        ref, key = self._ref, self._key
-        if not self.enable_prefix_caching:   # no keys: every block to the head, the first one first
-            self._front += blocks
+        m = order.shape[0]
+        if not num_cached and num_cached is not None:   # none keyed: each has this request only
+            if self.free_unhashed_first and num_hashed < m:
+                self._front += blocks[num_hashed:]
+                order = order[:num_hashed]
+            self._append(order[::-1])
             return
-        hashed = blocks[:num_hashed]
-        tail: list[int] = []
-        head: list[int] = []
-        for b in reversed(blocks[num_hashed:]):   # past the hashed ones: a request's last block or two
-            if key[b] is None:   # its only holder was this request
-                head.append(b)
-                continue
-            r = ref[b] - 1
-            ref[b] = r
-            if r:
-                if r == 1:
-                    self._nshared -= 1
-                continue
-            tail.append(b)
-        # The hashed blocks all go to the tail, last first, those that reach ref 0.
-        if not self._nshared:   # no block is shared: each of them has one holder, this request
-            for b in hashed[:num_cached]:   # (only blocks with keys keep a count)
-                ref[b] = 0
-            tail += reversed(hashed)
-            self._queue += tail
-            if head:
-                head.reverse()
-                self._front += head
-            return
-        # Only blocks with keys can have other holders (a prefix hit shares a keyed block):
-        # the leading num_cached; those after them have ref 1.
-        checked = hashed[:num_cached]
-        refs = list(map(ref.__getitem__, checked))
-        for b in checked:
-            ref[b] = 0
-        if refs.count(1) == len(refs):   # none shared (most requests)
-            tail += reversed(hashed)
-        else:   # a few shared (a common prefix): they keep their other holders
-            for b, r in zip(checked, refs):
-                if r > 1:
-                    ref[b] = r - 1
-                    if r == 2:
-                        self._nshared -= 1
-            tail += reversed(hashed[num_cached:])
-            tail += [b for b, r in zip(reversed(checked), reversed(refs)) if r == 1]
-        self._queue += tail
-        if head:
-            head.reverse()   # the stack's last entry is the head: the first freed
-            self._front += head
+        if num_cached is None:
+            keyed = self._keyed[order]
+            held = order[keyed]
+        else:
+            keyed = None
+            held = order[:num_cached]
+        freed = None   # all of them
+        if held.shape[0]:
+            ref = self._ref
+            refs = ref[held]
+            ref[held] = refs - 1
+            if self._nshared:
+                last = refs == 1
+                if not last.all():   # a few shared (a common prefix): they keep their other holders
+                    self._nshared -= int(np.count_nonzero(refs == 2))
+                    freed = np.ones(m, bool)
+                    freed[np.flatnonzero(keyed)[~last] if keyed is not None else np.flatnonzero(~last)] = False
+        if self.free_unhashed_first and num_hashed < m:
+            to_tail = keyed.copy() if keyed is not None else np.arange(m) < num_cached
+            to_tail[:num_hashed] = True
+            if not to_tail.all():
+                self._front += order[~to_tail].tolist()   # the stack's last entry is the head: the first freed
+                if freed is not None:
+                    to_tail &= freed
+                self._append(order[to_tail][::-1])
+                return
+        self._append(order[::-1] if freed is None else order[freed][::-1])
 
     # -- swap (vLLM v0) ----------------------------------------------------------------
 
@@ -585,7 +587,7 @@ class KVCacheManager:
                                f"(swapped: {n is not None}, free blocks: {self.num_free_blocks})")
         del self._swapped[req]
         self._free_swap += n
-        blocks: list[int] = []
+        blocks = array("q")
         self._take(n, blocks)
         self._req[req] = blocks
         self._ncached[req] = 0
@@ -593,16 +595,14 @@ class KVCacheManager:
 
     # -- introspection -----------------------------------------------------------------
 
+    def _live(self) -> np.ndarray:
+        """The queue's live entries from the head, in order (the stack at the head apart)."""
+        entries = self._queue[self._head:self._tail]
+        return entries[self._pos[entries] == np.arange(self._head, self._tail)]
+
     def free_block_ids(self) -> list[int]:
         """The free queue, head (next allocated) first."""
-        stale = dict(self._stale)
-        out = self._front[::-1]
-        for b in self._queue[self._head:]:
-            if stale.get(b):
-                stale[b] -= 1
-            else:
-                out.append(b)
-        return out
+        return self._front[::-1] + self._live().tolist()
 
     def ref_count(self, block: int) -> int:
         return self._refs()[block]
@@ -610,16 +610,12 @@ class KVCacheManager:
     def _refs(self) -> list[int]:
         """Every block's ref count: kept for blocks with a key (only those can be shared),
         counted from the block tables for the others."""
-        if self.enable_prefix_caching:
-            ref = [r if k is not None else 0 for r, k in zip(self._ref, self._key)]
-        else:
-            ref = [0] * self.num_blocks
-        key = self._key
+        ref = np.where(self._keyed, self._ref, 0)
         for blocks in self._req.values():
-            for b in blocks:
-                if key[b] is None:
-                    ref[b] += 1
-        return ref
+            if blocks:
+                held = np.frombuffer(blocks, np.int64)
+                ref[held[~self._keyed[held]]] += 1
+        return ref.tolist()
 
     def cached_key(self, block: int) -> Hashable | None:
         return self._key[block]
@@ -627,7 +623,7 @@ class KVCacheManager:
     def state(self) -> tuple:
         """A hashable snapshot of the whole state (tests: determinism, failure side effects)."""
         return (
-            tuple(self.free_block_ids()), tuple(self._refs()), tuple(self._key),
+            tuple(self.free_block_ids()), tuple(self._refs()), tuple(self._key.tolist()),
             tuple(self._cache.items()), tuple((k, tuple(v)) for k, v in self._dups.items()),
             tuple((r, tuple(b)) for r, b in self._req.items()), tuple(self._ncached.items()),
             tuple(self._swapped.items()), self._free_swap, self.hit_tokens, self.queried_tokens,
@@ -642,14 +638,17 @@ class KVCacheManager:
         n = self.num_blocks
         free = self.free_block_ids()
         need(len(set(free)) == len(free), "a block is in the free queue twice")
-        need(self._nstale == sum(self._stale.values()) and all(v > 0 for v in self._stale.values()),
+        need(self._nstale == self._tail - self._head - len(self._live()) >= 0,
              "stale free-queue entries miscounted")
         free = set(free)
         refs = self._refs()
-        need(0 not in free and refs[0] == 0 and self._key[0] is None,
+        key = self._key.tolist()
+        need(self._keyed.tolist() == [k is not None for k in key], "key flags and block keys disagree")
+        need(0 not in free and refs[0] == 0 and key[0] is None,
              "null block 0 is free, held or cached")
         holders = [0] * n
         for req, blocks in self._req.items():
+            blocks = blocks.tolist()
             need(len(set(blocks)) == len(blocks), f"request {req!r} holds a block twice: {blocks}")
             need(req not in self._swapped, f"request {req!r} is both on GPU and swapped")
             nc = self._ncached.get(req)
@@ -658,9 +657,9 @@ class KVCacheManager:
                 need(0 < b < n, f"request {req!r} holds invalid block {b}")
                 holders[b] += 1
                 if i < nc:
-                    need(self._key[b] is not None, f"request {req!r} block {i} ({b}) counted cached, has no key")
+                    need(key[b] is not None, f"request {req!r} block {i} ({b}) counted cached, has no key")
                 else:
-                    need(self._key[b] is None, f"request {req!r} block {i} ({b}) past its cached ones has a key")
+                    need(key[b] is None, f"request {req!r} block {i} ({b}) past its cached ones has a key")
         need(self._ncached.keys() == self._req.keys(), "cached-count table out of step with requests")
         for b in range(1, n):
             need(refs[b] == holders[b], f"block {b}: ref {refs[b]} != holders {holders[b]}")
@@ -677,7 +676,7 @@ class KVCacheManager:
             for b in later:
                 need(b not in listed, f"block {b} cached twice")
                 listed[b] = k
-        keyed = {b: self._key[b] for b in range(n) if self._key[b] is not None}
+        keyed = {b: key[b] for b in range(n) if key[b] is not None}
         need(listed == keyed, "cache map and block keys disagree")
         need(self.enable_prefix_caching or not keyed, "blocks cached with prefix caching off")
         need(self._free_swap + sum(self._swapped.values()) == self.num_swap_blocks
