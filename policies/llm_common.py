@@ -52,7 +52,22 @@ def check_token_columns(requests: Requests, policy: str) -> None:
 
 
 KEY_SPAN = 1 << 40
-"""Block indices per key family: the key of (family, block j) is ``family * KEY_SPAN + j``."""
+"""Block indices per key family: the key of (family, block j) is ``key_base(family) + j``."""
+
+_FAMILY_SPAN = 2 * KEY_SPAN
+_MIX = 0x9E3779B97F4A7C15   # (2**64 / golden ratio, odd: a multiplicative hash)
+
+
+def key_base(family: int) -> int:
+    """The key of block 0 of a key family (a hash id, or ``-1 - row`` for a request's own
+    blocks); block j's key is ``key_base(family) + j``, j < KEY_SPAN.
+
+    Families lie ``2 * KEY_SPAN`` apart, each offset by a hash of the family below
+    KEY_SPAN, so keys are equal exactly when their (family, j) pairs are, and the low bits
+    of a key (which pick its slot in a dict) differ from family to family: keyed by
+    ``family * KEY_SPAN + j``, the blocks at one index of all families would share them,
+    and the block manager's cache dict would probe the same slots for each of them."""
+    return family * _FAMILY_SPAN + (((family * _MIX) & 0xFFFFFFFFFFFFFFFF) >> 24)
 
 
 class BlockKeys:
@@ -63,21 +78,22 @@ class BlockKeys:
     its last token and its index, so requests sharing a prefix share keys. Every other
     block (generated tokens, prompts without hash ids) gets a key unique to its request:
     it can only be found again by that request, after a preemption. A key is the pair
-    (id or ``-1 - row``, index) packed into one int (``id * KEY_SPAN + index``): equal
-    exactly when the pairs are, and cheaper to hash for the millions of blocks cached.
+    (id or ``-1 - row``, index) packed into one int (:func:`key_base`): equal exactly when
+    the pairs are, and cheaper to hash for the millions of blocks cached.
 
     ``shared``: how many leading blocks have hash-id keys (0 without hash ids); every
     later block's key is the request's own. Those ``shared`` keys are worked out at once
     (a Mooncake prompt has hundreds of blocks, looked up and registered one by one).
     """
 
-    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared", "leading")
+    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared", "leading", "own")
 
     def __init__(self, requests: Requests, row: int, block_size: int):
         self.row, self.block_size = row, block_size
         self.prompt = int(requests.input_tokens[row])
         self.per_id = int(requests.hash_block_tokens)
         self.ids, self.leading, self.shared = [], [], 0
+        self.own = key_base(-1 - row)   # the key of the request's own block 0
         if requests.hash_ids is None:
             return
         lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
@@ -88,22 +104,23 @@ class BlockKeys:
         if shared:
             j = np.arange(shared, dtype=np.int64)
             covering = ids[((j + 1) * block_size - 1) // self.per_id]
-            if covering.min() >= 0 and covering.max() < (1 << 62) // KEY_SPAN:
-                self.leading = (covering * KEY_SPAN + j).tolist()
+            if covering.min() >= 0 and covering.max() < (1 << 62) // _FAMILY_SPAN:
+                # key_base on int64 (the hash's product wraps as the Python one is masked)
+                mixed = (covering.astype(np.uint64) * np.uint64(_MIX)) >> np.uint64(24)
+                self.leading = (covering * _FAMILY_SPAN + mixed.astype(np.int64) + j).tolist()
             else:   # ids too large for int64 keys: Python ints
-                self.leading = [h * KEY_SPAN + i for h, i in zip(covering.tolist(), range(shared))]
+                self.leading = [key_base(h) + i for h, i in zip(covering.tolist(), range(shared))]
 
     def __getitem__(self, j):
         if isinstance(j, slice):   # a list of keys: what the block manager reads
             start, stop, step = j.indices(KEY_SPAN)
-            shared = self.shared
-            own = (-1 - self.row) * KEY_SPAN
+            shared, own = self.shared, self.own
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             return self.leading[start:stop] + list(range(own + max(start, shared), own + stop))
         if j < self.shared:
             return self.leading[j]
-        return (-1 - self.row) * KEY_SPAN + j
+        return self.own + j
 
     def __len__(self) -> int:  # keys exist for any block index the request can reach
         return KEY_SPAN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.llm_common import KEY_SPAN, BlockKeys, shareable_blocks
+from policies.llm_common import KEY_SPAN, BlockKeys, key_base, shareable_blocks
 from llm_helpers import llm_requests
 
 
@@ -16,8 +16,8 @@ def key_of(requests, row: int, j: int, block_size: int) -> int:
     lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
     ids = requests.hash_ids[lo:hi].tolist()
     if end <= int(requests.input_tokens[row]) and (end - 1) // requests.hash_block_tokens < len(ids):
-        return ids[(end - 1) // requests.hash_block_tokens] * KEY_SPAN + j
-    return (-1 - row) * KEY_SPAN + j
+        return key_base(ids[(end - 1) // requests.hash_block_tokens]) + j
+    return key_base(-1 - row) + j
 
 
 @pytest.mark.parametrize("offset", [0, 1 << 40])   # ids too large for int64 keys: Python ints
@@ -36,6 +36,16 @@ def test_block_keys_follow_their_definition_one_by_one_and_in_slices(offset):
                 for b in range(a, 60, 5):
                     assert keys[a:b] == want[a:b]
                 assert keys[a:60:3] == want[a:60:3]
+
+
+def test_keys_are_equal_exactly_when_family_and_index_are():
+    families = [-(1 << 45), -100_000, -2, -1, 0, 1, 2, 3, 182_789, (1 << 21) - 1, 1 << 21, 1 << 50]
+    places = [0, 1, 2, 31, 32, 1000, KEY_SPAN - 2, KEY_SPAN - 1]
+    keys = {key_base(f) + j: (f, j) for f in families for j in places}
+    assert len(keys) == len(families) * len(places)
+    assert all((key < 0) == (f < 0) for key, (f, _) in keys.items())   # own keys never meet hash-id keys
+    # Block j of every family in a slot of its own among 2**16: low bits vary with the family.
+    assert len({(key_base(f) + 5) & 0xFFFF for f in range(-500, 500)}) > 900
 
 
 def test_shareable_blocks_stop_at_the_last_hash_id_another_request_has_at_that_place():
