@@ -288,7 +288,21 @@ class KVCacheManager:
                 return
         head = self._head
         if head + n > self._tail:
+            if n <= 0:
+                return
             raise KVCacheError(f"free queue: {n} blocks asked, fewer free")
+        if n == 1:   # (most takes: a decode step's new block) on scalars
+            b = int(self._queue[head])
+            if not self._nstale or self._pos[b] == head:
+                self._head = head + 1
+                if self._keyed[b]:
+                    self._evict_one(b)
+                out.append(b)
+                if self._head > self.COMPACT_AT and self._head * 2 > self._tail:
+                    self._move_down()
+                return
+        elif n <= 0:
+            return
         taken = self._queue[head:head + n]
         if self._nstale and not (self._pos[taken] == np.arange(head, head + n)).all():
             taken = self._take_past_stale(n)
@@ -323,11 +337,21 @@ class KVCacheManager:
         keys = self._key[blocks].tolist()
         self._key[blocks] = None
         self._keyed[blocks] = False
-        if self._dups:
+        if self._dups and not self._dups.keys().isdisjoint(keys):
             for b, k in zip(blocks.tolist(), keys):
                 self._uncache(b, k)
         else:   # one block per key: k's is b
             deque(map(self._cache.__delitem__, keys), 0)
+
+    def _evict_one(self, b: int) -> None:
+        """:meth:`_evict` of one block."""
+        k = self._key[b]
+        self._key[b] = None
+        self._keyed[b] = False
+        if k in self._dups:
+            self._uncache(b, k)
+        else:
+            del self._cache[k]
 
     def _append(self, blocks: np.ndarray) -> None:
         """Put ``blocks`` (distinct, not in the queue) at the free-queue tail, in order."""
