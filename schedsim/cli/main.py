@@ -4,8 +4,6 @@ Every :class:`~schedsim.errors.InputError` and every usage error becomes one lin
 stderr (``schedsim: error: ...``) and exit status 2, with no traceback.
 """
 
-from __future__ import annotations
-
 import ctypes
 import gc
 import os
