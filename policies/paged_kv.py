@@ -675,22 +675,23 @@ class PagedKV(LLMPolicy):
         return rows, n, c, end >= known, budget
 
     def _allocate_in_order(self, rows, end, grow, register, filled) -> bool:
-        """:meth:`_running_columns`'s allocations and registrations one row at a time, in
-        row order, where some rows register shared keys; False, changing nothing, if the
-        allocations do not all fit."""
+        """:meth:`_running_columns`'s allocations and registrations in row order, where some
+        rows register shared keys: each registration after the allocations of the rows up
+        to it (its own included), those between two registrations in one call; False,
+        changing nothing, if the allocations do not all fit."""
         kv = self.kv
         g_rows, g_end = rows[grow].tolist(), end[grow].tolist()
         if not kv.fits_each(g_rows, g_end):
             return False
-        grows = dict(zip(grow.tolist(), g_end))
-        regs = dict(zip(register.tolist(), filled[register].tolist()))
-        row_list = rows.tolist()
-        for i in sorted(grows.keys() | regs.keys()):
-            r = row_list[i]
-            if i in grows:
-                kv.allocate(r, grows[i])
-            if i in regs:
-                self._cache_full_blocks(r, regs[i])
+        row_list, done = rows.tolist(), 0
+        for i, upto, f in zip(register.tolist(), grow.searchsorted(register, "right").tolist(),
+                              filled[register].tolist()):
+            if upto > done:
+                kv.allocate_each(g_rows[done:upto], g_end[done:upto])
+                done = upto
+            self._cache_full_blocks(row_list[i], f)
+        if done < len(g_rows):
+            kv.allocate_each(g_rows[done:], g_end[done:])
         return True
 
     def _repeat_horizon(self, rows, ctx, most: int | None = None, free: int | None = None) -> int:
