@@ -83,33 +83,39 @@ class BlockKeys:
 
     ``shared``: how many leading blocks have hash-id keys (0 without hash ids); every
     later block's key is the request's own. Those ``shared`` keys are worked out at once
-    (a Mooncake prompt has hundreds of blocks, looked up and registered one by one).
+    on arrays (a Mooncake prompt has hundreds of blocks, looked up and registered one by
+    one), and made Python ints when a slice first asks for keys (many prompts only have
+    their first key looked up).
     """
 
-    __slots__ = ("row", "prompt", "ids", "per_id", "block_size", "shared", "leading", "own")
+    __slots__ = ("row", "block_size", "shared", "leading", "own")
 
     def __init__(self, requests: Requests, row: int, block_size: int):
         self.row, self.block_size = row, block_size
-        self.prompt = int(requests.input_tokens[row])
-        self.per_id = int(requests.hash_block_tokens)
-        self.ids, self.leading, self.shared = [], [], 0
+        self.leading, self.shared = _NO_KEYS, 0
         self.own = key_base(-1 - row)   # the key of the request's own block 0
         if requests.hash_ids is None:
             return
         lo, hi = requests.hash_offsets[row], requests.hash_offsets[row + 1]
         ids = np.asarray(requests.hash_ids[lo:hi], dtype=np.int64)
-        self.ids = ids.tolist()
+        per_id = int(requests.hash_block_tokens)
         # Block j has a hash-id key when (j + 1) * block_size <= min(prompt, ids * per_id).
-        self.shared = shared = min(self.prompt, len(self.ids) * self.per_id) // block_size
-        if shared:
-            j = np.arange(shared, dtype=np.int64)
-            covering = ids[((j + 1) * block_size - 1) // self.per_id]
-            if covering.min() >= 0 and covering.max() < (1 << 62) // _FAMILY_SPAN:
-                # key_base on int64 (the hash's product wraps as the Python one is masked)
-                mixed = (covering.astype(np.uint64) * np.uint64(_MIX)) >> np.uint64(24)
-                self.leading = (covering * _FAMILY_SPAN + mixed.astype(np.int64) + j).tolist()
-            else:   # ids too large for int64 keys: Python ints
-                self.leading = [key_base(h) + i for h, i in zip(covering.tolist(), range(shared))]
+        self.shared = shared = min(int(requests.input_tokens[row]), ids.shape[0] * per_id) // block_size
+        if not shared:
+            return
+        if ids.min() >= 0 and ids.max() < (1 << 62) // _FAMILY_SPAN:
+            # key_base on int64 (the hash's product wraps as the Python one is masked)
+            mixed = (ids.astype(np.uint64) * np.uint64(_MIX)) >> np.uint64(24)
+            base = ids * _FAMILY_SPAN + mixed.astype(np.int64)
+        else:   # ids too large for int64 keys: Python ints
+            base = np.array([key_base(h) for h in ids.tolist()], dtype=object)
+        # The id covering block j's last token: index ((j + 1) * block_size - 1) // per_id,
+        # that is j // (per_id / block_size) where a hash block is whole KV blocks.
+        if per_id % block_size == 0:
+            self.leading = np.repeat(base, per_id // block_size)[:shared]
+        else:
+            self.leading = base[((np.arange(shared) + 1) * block_size - 1) // per_id]
+        self.leading += np.arange(shared)
 
     def __getitem__(self, j):
         if isinstance(j, slice):   # a list of keys: what the block manager reads
@@ -117,13 +123,19 @@ class BlockKeys:
             shared, own = self.shared, self.own
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
-            return self.leading[start:stop] + list(range(own + max(start, shared), own + stop))
+            leading = self.leading
+            if type(leading) is not list:   # Python ints once, at the first slice
+                leading = self.leading = leading.tolist()
+            return leading[start:stop] + list(range(own + max(start, shared), own + stop))
         if j < self.shared:
-            return self.leading[j]
+            return int(self.leading[j])
         return self.own + j
 
     def __len__(self) -> int:  # keys exist for any block index the request can reach
         return KEY_SPAN
+
+
+_NO_KEYS = np.zeros(0, np.int64)
 
 
 def shareable_blocks(requests: Requests, block_size: int) -> np.ndarray:
