@@ -242,16 +242,19 @@ class KVCacheManager:
         # the free queue (where a cached block loses its key) and only this call keys them.
         new_blocks, new_keys = blocks[start:num_full_blocks], keys[start:num_full_blocks]
         # Each key to its block unless a block has it already (or it is given twice): the
-        # block the map then returns is another, and this one becomes its successor.
-        got = list(map(self._cache.setdefault, new_keys, new_blocks))
+        # map then has fewer new keys than blocks, and a block whose key maps to another
+        # becomes that one's successor.
+        cache = self._cache
+        before = len(cache)
+        deque(map(cache.setdefault, new_keys, new_blocks), 0)
         nb = np.frombuffer(new_blocks, np.int64)
         self._key[nb] = np.fromiter(new_keys, object, nb.shape[0])
         self._keyed[nb] = True
         self._ref[nb] = 1
-        if got != new_blocks.tolist():
+        if len(cache) - before != nb.shape[0]:
             dups = self._dups
-            for b, k, g in zip(new_blocks, new_keys, got):
-                if g != b:
+            for b, k in zip(new_blocks, new_keys):
+                if cache[k] != b:
                     dups.setdefault(k, []).append(b)
         self._ncached[req] = num_full_blocks
 
