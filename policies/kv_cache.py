@@ -100,14 +100,15 @@ class KVCacheManager:
     Requests are named by any hashable id (schedsim uses integer trace rows).
     """
 
-    COMPACT_AT = 4096
-    """Consumed free-queue entries kept before the queue is moved down (amortised O(1))."""
+    COMPACT_AT = 1 << 20
+    """Consumed free-queue entries kept before a take moves the queue down (amortised O(1));
+    a free moves it down anyway when it finds no room at the tail of its buffer."""
 
     __slots__ = (
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
         "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_tail", "_pos",
         "_nstale", "_ref", "_nshared", "_key", "_keyed", "_cache", "_dups", "_req", "_ncached",
-        "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
+        "_swapped", "_free_swap", "hit_tokens", "queried_tokens", "_found",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
@@ -155,6 +156,9 @@ class KVCacheManager:
         self._free_swap = self.num_swap_blocks
         self.hit_tokens = 0
         self.queried_tokens = 0
+        # (request, keys, hit blocks) of the last computed_prefix that hit, until the cache
+        # changes: the allocate that follows it takes those blocks without looking them up.
+        self._found: tuple | None = None
 
     # -- sizes -------------------------------------------------------------------------
 
@@ -206,14 +210,18 @@ class KVCacheManager:
         hits = 0
         if limit and keys[0] in cache:   # (most lookups miss at once: no list of keys then)
             # Keys a slice at a time, growing: a lookup repeated every step while its request
-            # waits reads what it hits, not its whole prompt's keys.
+            # waits reads what it hits, not its whole prompt's keys. (Block ids are >= 1:
+            # the first key missing ends the hits.)
             size = 16
+            found: list[int] = []
             while True:
                 end = min(limit, hits + size)
-                hits += len(list(takewhile(cache.__contains__, keys[hits:end])))
+                found += takewhile(bool, map(cache.get, keys[hits:end]))
+                hits = len(found)
                 if hits < end or hits == limit:
                     break
                 size *= 4
+            self._found = (req, keys, found)
         tokens = hits * self.block_size
         if count:
             self.hit_tokens += tokens
@@ -246,6 +254,7 @@ class KVCacheManager:
         # becomes that one's successor.
         cache = self._cache
         before = len(cache)
+        self._found = None
         deque(map(cache.setdefault, new_keys, new_blocks), 0)
         nb = np.frombuffer(new_blocks, np.int64)
         self._key[nb] = np.fromiter(new_keys, object, nb.shape[0])
@@ -337,6 +346,7 @@ class KVCacheManager:
 
     def _evict(self, blocks: np.ndarray) -> None:
         """Drop the keys of cached ``blocks`` just taken from the free queue, in order."""
+        self._found = None
         keys = self._key[blocks].tolist()
         self._key[blocks] = None
         self._keyed[blocks] = False
@@ -348,6 +358,7 @@ class KVCacheManager:
 
     def _evict_one(self, b: int) -> None:
         """:meth:`_evict` of one block."""
+        self._found = None
         k = self._key[b]
         self._key[b] = None
         self._keyed[b] = False
@@ -431,10 +442,14 @@ class KVCacheManager:
                     or keys is None or nhit > len(keys)):
                 raise KVCacheError(f"allocate: num_cached_tokens {num_cached_tokens!r} for request "
                                    f"{req!r} is not a prefix hit of its {num_tokens} tokens")
-            hit_blocks = list(map(self._cache.get, keys[:nhit]))
-            if None in hit_blocks:
-                raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
-                                   "longer cached; call computed_prefix in the same step")
+            found = self._found
+            if found is not None and found[0] == req and found[1] is keys and len(found[2]) >= nhit:
+                hit_blocks = found[2][:nhit]   # (the cache is as computed_prefix found it)
+            else:
+                hit_blocks = list(map(self._cache.get, keys[:nhit]))
+                if None in hit_blocks:
+                    raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
+                                       "longer cached; call computed_prefix in the same step")
             hit = np.array(hit_blocks, np.int64)
             refs = self._ref[hit]
             free = refs == 0
