@@ -246,10 +246,14 @@ def drive_closed(url: str, model: str, seq_len: int, clients: int, requests: int
     request as soon as its last is answered. ``scheduled_ns`` is the sent time.
 
     The tickets are shared, not a quota per client, so the server's queue keeps filling
-    until the last ticket is taken. A request that fails is sent once more at once (a busy
-    H200 server answered one request in about 6,000 with HTTP 404 for a loaded model): one
-    missing request would leave its batch short, held for the whole queue delay. Its row
-    keeps the second attempt; a second failure stands."""
+    until the last ticket is taken. A request answered with an error is sent once more at
+    once (a busy H200 server answered one request in about 6,000 with HTTP 404 for a loaded
+    model): one missing request would leave its batch short, held for the whole queue delay.
+    Its row keeps the second attempt; a second failure stands. A request that gets no answer
+    at all (``request_timeout_s`` passed, the connection refused or dropped) is not sent
+    again, and no client takes another ticket: a server that died, or hung without exiting
+    (Triton 2.51 after a crash in its tracing), would otherwise cost ``request_timeout_s``
+    for every ticket left. Rows never sent keep ``sent`` and ``answered`` at -1."""
     import aiohttp
 
     body = _body_parts(seq_len, vocab, np.random.default_rng(seed))
@@ -262,11 +266,17 @@ def drive_closed(url: str, model: str, seq_len: int, clients: int, requests: int
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(clients, 1)),
                                          timeout=timeout) as session:
             tickets = iter(range(requests))  # one loop: each client takes the next ticket
+            unanswered = asyncio.Event()
 
             async def client() -> None:
                 for j in tickets:
+                    if unanswered.is_set():
+                        return
                     request = body[0] + str(j).encode() + body[1]
                     await _post(session, endpoint, request, j, out)
+                    if out["status"][j] == 0:  # no answer: the server is gone or hung
+                        unanswered.set()
+                        return
                     if out["status"][j] != 200:  # once more, so a stray failure leaves no batch short
                         out["error"][j] = ""
                         await _post(session, endpoint, request, j, out)
