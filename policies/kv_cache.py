@@ -108,7 +108,7 @@ class KVCacheManager:
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
         "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_tail", "_pos",
         "_nstale", "_ref", "_nshared", "_key", "_keyed", "_cache", "_dups", "_req", "_ncached",
-        "_swapped", "_free_swap", "hit_tokens", "queried_tokens", "_found",
+        "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
@@ -156,9 +156,6 @@ class KVCacheManager:
         self._free_swap = self.num_swap_blocks
         self.hit_tokens = 0
         self.queried_tokens = 0
-        # (request, keys, hit blocks) of the last computed_prefix that hit, until the cache
-        # changes: the allocate that follows it takes those blocks without looking them up.
-        self._found: tuple | None = None
 
     # -- sizes -------------------------------------------------------------------------
 
@@ -210,18 +207,14 @@ class KVCacheManager:
         hits = 0
         if limit and keys[0] in cache:   # (most lookups miss at once: no list of keys then)
             # Keys a slice at a time, growing: a lookup repeated every step while its request
-            # waits reads what it hits, not its whole prompt's keys. (Block ids are >= 1:
-            # the first key missing ends the hits.)
+            # waits reads what it hits, not its whole prompt's keys.
             size = 16
-            found: list[int] = []
             while True:
                 end = min(limit, hits + size)
-                found += takewhile(bool, map(cache.get, keys[hits:end]))
-                hits = len(found)
+                hits += len(list(takewhile(cache.__contains__, keys[hits:end])))
                 if hits < end or hits == limit:
                     break
                 size *= 4
-            self._found = (req, keys, found)
         tokens = hits * self.block_size
         if count:
             self.hit_tokens += tokens
@@ -254,7 +247,6 @@ class KVCacheManager:
         # becomes that one's successor.
         cache = self._cache
         before = len(cache)
-        self._found = None
         deque(map(cache.setdefault, new_keys, new_blocks), 0)
         nb = np.frombuffer(new_blocks, np.int64)
         self._key[nb] = np.fromiter(new_keys, object, nb.shape[0])
@@ -346,7 +338,6 @@ class KVCacheManager:
 
     def _evict(self, blocks: np.ndarray) -> None:
         """Drop the keys of cached ``blocks`` just taken from the free queue, in order."""
-        self._found = None
         keys = self._key[blocks].tolist()
         self._key[blocks] = None
         self._keyed[blocks] = False
@@ -358,7 +349,6 @@ class KVCacheManager:
 
     def _evict_one(self, b: int) -> None:
         """:meth:`_evict` of one block."""
-        self._found = None
         k = self._key[b]
         self._key[b] = None
         self._keyed[b] = False
@@ -442,14 +432,10 @@ class KVCacheManager:
                     or keys is None or nhit > len(keys)):
                 raise KVCacheError(f"allocate: num_cached_tokens {num_cached_tokens!r} for request "
                                    f"{req!r} is not a prefix hit of its {num_tokens} tokens")
-            found = self._found
-            if found is not None and found[0] == req and found[1] is keys and len(found[2]) >= nhit:
-                hit_blocks = found[2][:nhit]   # (the cache is as computed_prefix found it)
-            else:
-                hit_blocks = list(map(self._cache.get, keys[:nhit]))
-                if None in hit_blocks:
-                    raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
-                                       "longer cached; call computed_prefix in the same step")
+            hit_blocks = list(map(self._cache.get, keys[:nhit]))
+            if None in hit_blocks:
+                raise KVCacheError(f"allocate: key {hit_blocks.index(None)} of request {req!r} is no "
+                                   "longer cached; call computed_prefix in the same step")
             hit = np.array(hit_blocks, np.int64)
             refs = self._ref[hit]
             free = refs == 0
@@ -547,12 +533,12 @@ class KVCacheManager:
             return
         self._release(blocks, num_hashed, self._ncached.pop(req))
 
-    def _release(self, blocks: array, num_hashed: int = 0, num_cached: int | None = None) -> None:
+    def _release(self, blocks: array, num_hashed: int, num_cached: int) -> None:
         """Give ``blocks`` back: those reaching ref 0 go to the free-queue tail, tail blocks
-        first. With ``free_unhashed_first`` (newer vLLM), those without a key and past the
-        first ``num_hashed`` go to the head instead, in order (the last of them becomes the
-        head). ``num_cached``: how many leading ones hold keys (the rest, taken fresh and never
-        registered, have this request as their only holder); None: each block's own."""
+        first. ``num_cached``: how many leading ones hold keys (the rest, taken fresh and
+        never registered, have this request as their only holder). With
+        ``free_unhashed_first`` (newer vLLM), those without a key and past the first
+        ``num_hashed`` go to the head instead, in order (the last of them becomes the head)."""
         if not blocks:
             return
         order = np.frombuffer(blocks, np.int64)
@@ -562,21 +548,14 @@ class KVCacheManager:
             else:
                 self._append(order[::-1])
             return
-        m = order.shape[0]
-        if not num_cached and num_cached is not None:   # none keyed: each has this request only
-            if self.free_unhashed_first and num_hashed < m:
-                self._front += blocks[num_hashed:]
-                order = order[:num_hashed]
-            self._append(order[::-1])
-            return
-        if num_cached is None:
-            keyed = self._keyed[order]
-            held = order[keyed]
-        else:
-            keyed = None
+        # Blocks from `cut` on have no key and go to the head (free_unhashed_first): the
+        # stack's last entry is the head, the first freed.
+        cut = max(num_hashed, num_cached) if self.free_unhashed_first else order.shape[0]
+        if cut < order.shape[0]:
+            self._front += blocks[cut:]
+            order = order[:cut]
+        if num_cached:
             held = order[:num_cached]
-        freed = None   # all of them
-        if held.shape[0]:
             ref = self._ref
             refs = ref[held]
             ref[held] = refs - 1
@@ -584,18 +563,10 @@ class KVCacheManager:
                 last = refs == 1
                 if not last.all():   # a few shared (a common prefix): they keep their other holders
                     self._nshared -= int(np.count_nonzero(refs == 2))
-                    freed = np.ones(m, bool)
-                    freed[np.flatnonzero(keyed)[~last] if keyed is not None else np.flatnonzero(~last)] = False
-        if self.free_unhashed_first and num_hashed < m:
-            to_tail = keyed.copy() if keyed is not None else np.arange(m) < num_cached
-            to_tail[:num_hashed] = True
-            if not to_tail.all():
-                self._front += order[~to_tail].tolist()   # the stack's last entry is the head: the first freed
-                if freed is not None:
-                    to_tail &= freed
-                self._append(order[to_tail][::-1])
-                return
-        self._append(order[::-1] if freed is None else order[freed][::-1])
+                    freed = np.ones(order.shape[0], bool)
+                    freed[:num_cached] = last
+                    order = order[freed]
+        self._append(order[::-1])
 
     # -- swap (vLLM v0) ----------------------------------------------------------------
 
@@ -610,8 +581,7 @@ class KVCacheManager:
             raise KVCacheError(f"swap_out: request {req!r} cannot be swapped out "
                                f"(holds blocks: {blocks is not None}, free swap blocks: {self._free_swap})")
         del self._req[req]
-        del self._ncached[req]
-        self._release(blocks)
+        self._release(blocks, 0, self._ncached.pop(req))
         n = len(blocks)
         self._free_swap -= n
         self._swapped[req] = n

@@ -1,5 +1,5 @@
 """KVCacheManager.allocate takes a new request's hit blocks as the cache has them when it
-runs: what computed_prefix found is reused only while the cache has not changed since."""
+runs, whatever changed since computed_prefix counted them."""
 
 from __future__ import annotations
 
