@@ -10,100 +10,10 @@ from hypothesis import strategies as st
 
 from policies.kv_cache import KVCacheManager
 
+from kv_naive import NaiveKV
 from kv_ops import FAMILIES, keys_of
 
 BS = 4
-
-
-class NaiveSplitKV:
-    """Plain lists, linear scans."""
-
-    def __init__(self, num_blocks, caching, swap):
-        self.caching = caching
-        self.free = list(range(1, num_blocks))
-        self.ref = [0] * num_blocks
-        self.key = [None] * num_blocks
-        self.cache = {}   # key -> blocks with it, first cached first
-        self.reqs, self.ncached, self.swapped, self.swap_free = {}, {}, {}, swap
-
-    def lookup(self, k):
-        return self.cache[k][0] if self.cache.get(k) else None
-
-    def take(self, n):
-        out = []
-        for _ in range(n):
-            b = self.free.pop(0)
-            if self.key[b] is not None:
-                self.cache[self.key[b]].remove(b)
-                self.key[b] = None
-            self.ref[b] = 1
-            out.append(b)
-        return out
-
-    def prefix(self, keys, n):
-        hits = 0
-        while self.caching and hits < min(len(keys), (n - 1) // BS) and self.lookup(keys[hits]) is not None:
-            hits += 1
-        return hits * BS
-
-    def allocate(self, req, n, keys=(), cached=0):
-        total = -(-n // BS)
-        if req in self.reqs:
-            need = max(total - len(self.reqs[req]), 0)
-            if need > len(self.free):
-                return None
-            self.reqs[req] += self.take(need)
-            return need
-        hits = [self.lookup(k) for k in keys[:cached // BS]]
-        need = total - len(hits)
-        if need + sum(self.ref[b] == 0 for b in hits) > len(self.free):
-            return None
-        for b in hits:
-            if self.ref[b] == 0:
-                self.free.remove(b)
-            self.ref[b] += 1
-        self.reqs[req] = hits + self.take(need)
-        self.ncached[req] = len(hits)
-        return need
-
-    def cache_blocks(self, req, nfull, keys):
-        if not self.caching:
-            return
-        for i in range(self.ncached[req], nfull):
-            b = self.reqs[req][i]
-            self.key[b] = keys[i]
-            self.cache.setdefault(keys[i], []).append(b)
-        self.ncached[req] = max(self.ncached[req], nfull)
-
-    def release(self, blocks, num_hashed):
-        head, tail = [], []
-        for i in reversed(range(len(blocks))):
-            b = blocks[i]
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                hashed = self.caching and (i < num_hashed or self.key[b] is not None)
-                (tail if hashed else head).append(b)
-        self.free = head + self.free + tail
-
-    def free_req(self, req, num_hashed):
-        if req in self.swapped:
-            self.swap_free += self.swapped.pop(req)
-            return
-        del self.ncached[req]
-        self.release(self.reqs.pop(req), num_hashed)
-
-    def swap_out(self, req):
-        blocks = self.reqs.pop(req)
-        del self.ncached[req]
-        self.release(blocks, 0)
-        self.swapped[req] = len(blocks)
-        self.swap_free -= len(blocks)
-
-    def swap_in(self, req):
-        n = self.swapped.pop(req)
-        self.swap_free += n
-        self.reqs[req] = self.take(n)
-        self.ncached[req] = 0
 
 
 OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 40), st.integers(0, 12)),
@@ -115,7 +25,7 @@ OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 40
 def test_free_unhashed_first_follows_the_naive_model(num_blocks, caching, swap, ops):
     kv = KVCacheManager(num_blocks, BS, enable_prefix_caching=caching, num_swap_blocks=swap,
                         free_unhashed_first=True)
-    ref = NaiveSplitKV(num_blocks, caching, swap)
+    ref = NaiveKV(num_blocks, BS, swap, caching=caching, unhashed_first=True)
     tokens = {}
     for step, (op, a, b, c) in enumerate(ops):
         held = sorted(r for r in tokens if kv.holds(r))
