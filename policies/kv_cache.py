@@ -106,7 +106,7 @@ class KVCacheManager:
 
     __slots__ = (
         "num_blocks", "block_size", "usable_blocks", "enable_prefix_caching",
-        "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_head", "_tail", "_pos",
+        "num_swap_blocks", "free_unhashed_first", "_front", "_queue", "_index", "_head", "_tail", "_pos",
         "_nstale", "_ref", "_nshared", "_key", "_keyed", "_cache", "_dups", "_req", "_ncached",
         "_swapped", "_free_swap", "hit_tokens", "queried_tokens",
     )
@@ -138,6 +138,7 @@ class KVCacheManager:
         # live one. _nstale counts the stale entries between head and tail.
         self._queue = np.zeros(2 * n, np.int64)
         self._queue[:n - 1] = np.arange(1, n)
+        self._index = np.arange(2 * n, dtype=np.int64)   # 0, 1, ...: a slice is a run of entry indices
         self._head, self._tail = 0, n - 1
         self._pos = np.arange(-1, n - 1, dtype=np.int64)
         self._nstale = 0
@@ -308,7 +309,7 @@ class KVCacheManager:
         elif n <= 0:
             return
         taken = self._queue[head:head + n]
-        if self._nstale and not (self._pos[taken] == np.arange(head, head + n)).all():
+        if self._nstale and not (self._pos[taken] == self._index[head:head + n]).all():
             taken = self._take_past_stale(n)
         else:
             self._head = head + n
@@ -328,7 +329,7 @@ class KVCacheManager:
             if i + n > self._tail:
                 raise KVCacheError("free queue: fewer live entries than counted")
             part = queue[i:i + n]
-            part = part[pos[part] == np.arange(i, i + n)]
+            part = part[pos[part] == self._index[i:i + n]]
             parts.append(part)
             self._nstale -= n - part.shape[0]
             i += n
@@ -367,9 +368,9 @@ class KVCacheManager:
             if tail + m > self._queue.shape[0]:   # stale entries fill it: grow
                 grown = np.zeros(2 * (tail + m), np.int64)
                 grown[:tail] = self._queue[:tail]
-                self._queue = grown
+                self._queue, self._index = grown, np.arange(grown.shape[0], dtype=np.int64)
         self._queue[tail:tail + m] = blocks
-        self._pos[blocks] = np.arange(tail, tail + m)
+        self._pos[blocks] = self._index[tail:tail + m]
         self._tail = tail + m
 
     def _move_down(self) -> None:
@@ -379,7 +380,7 @@ class KVCacheManager:
             return
         queue, pos = self._queue, self._pos
         entries = queue[head:tail].copy()
-        live = entries[pos[entries] == np.arange(head, tail)]
+        live = entries[pos[entries] == self._index[head:tail]]
         pos[live] -= head
         queue[:tail - head] = entries
         self._head, self._tail = 0, tail - head
@@ -610,7 +611,7 @@ class KVCacheManager:
     def _live(self) -> np.ndarray:
         """The queue's live entries from the head, in order (the stack at the head apart)."""
         entries = self._queue[self._head:self._tail]
-        return entries[self._pos[entries] == np.arange(self._head, self._tail)]
+        return entries[self._pos[entries] == self._index[self._head:self._tail]]
 
     def free_block_ids(self) -> list[int]:
         """The free queue, head (next allocated) first."""
