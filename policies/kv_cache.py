@@ -281,6 +281,8 @@ class KVCacheManager:
 
     def _take(self, n: int, out: array) -> None:
         """Pop ``n`` blocks from the free-queue head onto ``out`` (caller checked room)."""
+        if n <= 0:
+            return
         front = self._front
         if front:   # the head-of-queue stack first, its last entry first
             k = min(n, len(front))
@@ -293,8 +295,6 @@ class KVCacheManager:
                 return
         head = self._head
         if head + n > self._tail:
-            if n <= 0:
-                return
             raise KVCacheError(f"free queue: {n} blocks asked, fewer free")
         if n == 1:   # (most takes: a decode step's new block) on scalars
             b = int(self._queue[head])
@@ -306,8 +306,6 @@ class KVCacheManager:
                 if self._head > self.COMPACT_AT and self._head * 2 > self._tail:
                     self._move_down()
                 return
-        elif n <= 0:
-            return
         taken = self._queue[head:head + n]
         if self._nstale and not (self._pos[taken] == self._index[head:head + n]).all():
             taken = self._take_past_stale(n)

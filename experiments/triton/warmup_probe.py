@@ -30,13 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from schedsim.profiling.host_variation import time_round  # noqa: E402
-from schedsim.triton.host_record import lone_request  # noqa: E402
+from schedsim.triton.host_record import FRESH_WARMUP_REQUESTS, lone_request  # noqa: E402
 from schedsim.triton.profiling import TritonProfileSpec, _parameters, write_zero_delay_model  # noqa: E402
 from schedsim.triton.server import TritonServer, find_tritonserver  # noqa: E402
-
-WARMUP_REQUESTS = 50
-"""As :func:`schedsim.triton.host_record.fresh_servers` warms each fresh server."""
-
 
 def sm_clock_mhz() -> int | None:
     try:
@@ -70,7 +66,7 @@ def main() -> int:
             call, close = lone_request(server, spec.seq_len, rng)
             rounds = []
             try:
-                for _ in range(WARMUP_REQUESTS):
+                for _ in range(FRESH_WARMUP_REQUESTS):
                     call()
                 for i in range(args.rounds):
                     clock = sm_clock_mhz()
@@ -84,7 +80,7 @@ def main() -> int:
                 close()
         servers.append({"server": k + 1, "ready_s": server.started_s, "rounds": rounds})
     args.out.write_text(json.dumps({"model": spec.model, "device": spec.device, "round_s": args.round_s,
-                                    "warmup_requests": WARMUP_REQUESTS, "servers": servers,
+                                    "warmup_requests": FRESH_WARMUP_REQUESTS, "servers": servers,
                                     "date": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
     return 0
 
