@@ -2,6 +2,7 @@
 
     python benchmarks/bench_startup.py              # 10 rounds, about a minute
     python benchmarks/bench_startup.py --rounds 20
+    python benchmarks/bench_startup.py --before /tmp/old   # also a copy of older code, in turn
 
 Commands, each a fresh process, run in turn round after round so that other load falls on
 all of them alike (figures: min and median of CPU time, user + system, and of wall time):
@@ -14,7 +15,10 @@ all of them alike (figures: min and median of CPU time, user + system, and of wa
   pyarrow.csv, which a run reading a larger CSV trace or a Parquet one needs; one importing
   numpy alone and one importing numpy and typer, with one OpenBLAS thread (as ``schedsim run``
   sets it): the libraries' share of a small run, whose plain CSV trace is read without pyarrow;
-- ``python -c "import typer"``: the command-line library's own share.
+- ``python -c "import typer"``: the command-line library's own share;
+- with ``--before DIR`` (a copy of older code, e.g. ``git archive REV | tar -x -C DIR``), its
+  ``run SMALL --json --band 0`` and tables run too, from DIR with DIR on ``PYTHONPATH``, in the
+  same rounds.
 
 Then one ``python -X importtime`` of the small run, summed by top-level package. Writes
 benchmarks/results/bench_startup.json.
@@ -58,11 +62,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_startup.json")
+    ap.add_argument("--before", type=Path, help="a copy of older code to run in turn (its root folder)")
     args = ap.parse_args()
     import compileall
 
-    for package in ("schedsim", "policies"):  # as an installed copy runs: from cached bytecode
-        compileall.compile_dir(HERE.parent / package, quiet=1)
+    for root in (HERE.parent, *([args.before.resolve()] if args.before else [])):
+        for package in ("schedsim", "policies"):  # as an installed copy runs: from cached bytecode
+            compileall.compile_dir(root / package, quiet=1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     small = tmp / "small.csv"
     subprocess.run([sys.executable, "-m", "schedsim.cli.main", "trace", "gen", "--seed", "1", "--arrival", "poisson",
@@ -81,11 +87,21 @@ def main() -> int:
         "schedsim run SMALL --json --band 0": [*run, "--json"],
         "schedsim run SMALL --band 0 (tables)": run,
     }
+    # ``python -m`` puts the working directory first on sys.path: the older copy runs from its own.
+    where = {k: None for k in commands}
+    if args.before:
+        before = args.before.resolve()
+        commands["before: run SMALL --json --band 0"] = [*run, "--json"]
+        commands["before: run SMALL --band 0 (tables)"] = run
+        where |= {k: before for k in commands if k.startswith("before:")}
     runs: dict[str, list] = {k: [] for k in commands}
     loads = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for name, cmd in commands.items():
-            runs[name].append(measure(cmd, dict(os.environ, OPENBLAS_NUM_THREADS="1") if name in (NUMPY, FLOOR) else None))
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1") if name in (NUMPY, FLOOR) else None
+            if where[name]:
+                env = dict(os.environ, PYTHONPATH=str(where[name]))
+            runs[name].append(measure(cmd, env, cwd=where[name]))
         loads.append(os.getloadavg()[0])
     report: dict = {"benchmark": "bench_startup", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "rounds": args.rounds, "cores": os.cpu_count(), "python": sys.version.split()[0],

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
-
 from schedsim.cli.options import fmt_metric
+from schedsim.cli.text_table import BOLD, BOLD_YELLOW, YELLOW, print_table, style
 from schedsim.run.bands import band_text
 
 
 def print_summary(outcome) -> None:
     """A request-level run's summary (``schedsim run`` and ``schedsim live``)."""
-    console = Console()
     s = outcome.summary
-    console.print(f"[bold]{outcome.title}[/bold]")
+    print(style(outcome.title, BOLD))
 
     def fmt(key, unit="", digits=3):
         return fmt_metric(s, key, digits, unit)
 
-    table = Table(show_header=True, header_style="bold", box=None)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
     rows = [
         ("completed", fmt("completed", digits=0)), ("rejected", fmt("rejected", digits=0)),
         ("throughput (req/s)", fmt("throughput_rps", digits=1)),
@@ -33,42 +27,35 @@ def print_summary(outcome) -> None:
     ]
     if s.get("unfinished"):
         rows.insert(2, ("unfinished", fmt("unfinished", digits=0)))
-    for name, value in rows:
-        table.add_row(name, value)
     util = s.get("utilization") or []
-    table.add_row("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-")
+    rows.append(("instance utilisation", ", ".join(f"{u:.1%}" for u in util) or "-"))
     if s.get("replications", 1) > 1:
-        table.add_row("replications", f"{s['replications']} (95% CI in brackets)")
-    console.print(table)
+        rows.append(("replications", f"{s['replications']} (95% CI in brackets)"))
+    print_table(rows, header=("metric", "value"))
     if band_text(s):
-        console.print(band_text(s), highlight=False, soft_wrap=True)
-    print_capacity(console, s)
+        print(band_text(s))
+    print_capacity(s)
     hist = s.get("batch_size_histogram") or {}
     if hist:
-        console.print(batch_size_line(hist))
+        print(batch_size_line(hist))
     effective = s.get("config", {}).get("effective")
     if effective:
-        console.print(settings_line(effective), highlight=False, soft_wrap=True)
+        print(settings_line(effective))
     for warning in s.get("warnings", []):
-        console.print(f"[bold yellow]warning:[/bold yellow] {warning}", highlight=False, soft_wrap=True)
+        print(f"{style('warning:', BOLD_YELLOW)} {warning}")
     for note in s.get("notes", []):
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+        print(f"note: {note}")
     for path in outcome.written:
-        console.print(f"wrote {path}")
+        print(f"wrote {path}")
 
 
-def print_capacity(console: Console, s: dict) -> None:
+def print_capacity(s: dict) -> None:
     """The capacity table and how it was found (schedsim.planning.capacity)."""
     rows = capacity_rows(s)
     if not rows:
         return
-    table = Table(show_header=True, header_style="bold", box=None)
-    table.add_column("capacity")
-    table.add_column("value", justify="right")
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    console.print(capacity_line(s), highlight=False, soft_wrap=True)
+    print_table(rows, header=("capacity", "value"))
+    print(capacity_line(s))
 
 
 def capacity_rows(s: dict) -> list[tuple[str, str]]:
@@ -142,25 +129,18 @@ def settings_line(effective: dict) -> str:
 
 def print_llm_summary(outcome) -> None:
     """An LLM run's summary: TTFT, TPOT, ITL and E2E, token throughput and KV use."""
-    console = Console()
     s = outcome.summary
-    console.print(f"[bold]{outcome.title}[/bold]")
+    print(style(outcome.title, BOLD))
 
     def fmt(key, digits=1):
         return fmt_metric(s, key, digits)
 
-    table = Table(show_header=True, header_style="bold", box=None)
-    for name in ("latency (ms)", "p50", "p90", "p99", "mean"):
-        table.add_column(name, justify="right" if name != "latency (ms)" else "left")
-    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e")):
-        table.add_row(label, *(fmt(f"{key}_{q}_ms", 2) for q in ("p50", "p90", "p99", "mean")))
-    console.print(table)
+    print_table([(label, *(fmt(f"{key}_{q}_ms", 2) for q in ("p50", "p90", "p99", "mean")))
+                 for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e"))],
+                header=("latency (ms)", "p50", "p90", "p99", "mean"))
     if band_text(s):
-        console.print(band_text(s), highlight=False, soft_wrap=True)
+        print(band_text(s))
 
-    rows = Table(show_header=False, box=None)
-    rows.add_column("metric")
-    rows.add_column("value", justify="right")
     pairs = [
         ("completed", fmt("completed", 0)), ("rejected (too long)", fmt("rejected_too_long", 0)),
         ("unfinished", fmt("unfinished", 0)),
@@ -175,16 +155,14 @@ def print_llm_summary(outcome) -> None:
     ]
     if any(s.get("config", {}).get(k) is not None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
         pairs += [("goodput (req/s)", fmt("goodput_rps", 2)), ("SLO attainment", fmt("slo_attainment", 3))]
-    for name, value in pairs:
-        rows.add_row(name, value)
-    console.print(rows)
-    print_capacity(console, s)
+    print_table(pairs)
+    print_capacity(s)
     effective = s.get("config", {}).get("effective")
     if effective:
-        console.print(settings_line(effective), highlight=False, soft_wrap=True)
+        print(settings_line(effective))
     for note in s.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {note}")
+        print(f"{style('warning:', YELLOW)} {note}")
     for note in s.get("notes", []):
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+        print(f"note: {note}")
     for path in outcome.written:
-        console.print(f"wrote {path}")
+        print(f"wrote {path}")
