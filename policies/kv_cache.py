@@ -367,8 +367,11 @@ class KVCacheManager:
                 grown = np.zeros(2 * (tail + m), np.int64)
                 grown[:tail] = self._queue[:tail]
                 self._queue, self._index = grown, np.arange(grown.shape[0], dtype=np.int64)
-        self._queue[tail:tail + m] = blocks
-        self._pos[blocks] = self._index[tail:tail + m]
+        queue = self._queue
+        queue[tail:tail + m] = blocks
+        # Indexed by the queue's own (contiguous) copy: a free passes its blocks reversed, a
+        # negative-stride index that makes the scatter about twice as slow.
+        self._pos[queue[tail:tail + m]] = self._index[tail:tail + m]
         self._tail = tail + m
 
     def _move_down(self) -> None:
@@ -474,9 +477,13 @@ class KVCacheManager:
         if num_blocks > self.num_free_blocks:
             raise KVCacheError(f"allocate_round_robin: {num_blocks} blocks asked, "
                                f"{self.num_free_blocks} free")
+        k = len(tables)
+        if num_blocks <= k:   # (mostly: a short run) one block each to the first ones
+            for blocks in tables[:num_blocks]:
+                self._take(1, blocks)
+            return
         taken = array("q")
         self._take(num_blocks, taken)
-        k = len(tables)
         for i, blocks in enumerate(tables):
             blocks += taken[i::k]
 
@@ -553,18 +560,19 @@ class KVCacheManager:
         if cut < order.shape[0]:
             self._front += blocks[cut:]
             order = order[:cut]
-        if num_cached:
+        if num_cached and not self._nshared:   # no block has two holders: each held one reaches 0
+            self._ref[order[:num_cached]] = 0
+        elif num_cached:
             held = order[:num_cached]
             ref = self._ref
             refs = ref[held]
             ref[held] = refs - 1
-            if self._nshared:
-                last = refs == 1
-                if not last.all():   # a few shared (a common prefix): they keep their other holders
-                    self._nshared -= int(np.count_nonzero(refs == 2))
-                    freed = np.ones(order.shape[0], bool)
-                    freed[:num_cached] = last
-                    order = order[freed]
+            last = refs == 1
+            if not last.all():   # a few shared (a common prefix): they keep their other holders
+                self._nshared -= int(np.count_nonzero(refs == 2))
+                freed = np.ones(order.shape[0], bool)
+                freed[:num_cached] = last
+                order = order[freed]
         self._append(order[::-1])
 
     # -- swap (vLLM v0) ----------------------------------------------------------------

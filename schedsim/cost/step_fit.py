@@ -111,11 +111,23 @@ def step_features(graph, padded_batch, graph_width, tokens, prefill_seqs, prefil
     either kind of step (module docstring); ``serial`` is :func:`serial_keys` of the decode
     rows and ``gpu_bound_serial`` :func:`gpu_bound_serial_keys`, counted for eager steps only.
     """
-    eager = 1 - graph
     gathered = graph * padded_batch * graph_width
-    feats = (graph, graph * padded_batch,
-             *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES),
-             eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
+    return ((graph, graph * padded_batch,
+             *(gathered * ((padded_batch >= lo) * (padded_batch <= hi)) for lo, hi in GRAPH_CLASSES))
+            + eager_features(1 - graph, tokens, prefill_seqs, prefill_attention, prefill_context, decode_seqs,
+                             decode_width, real_kv, serial, gpu_bound_serial))
+
+
+GRAPH_TERMS = 2 + len(GRAPH_CLASSES)
+"""How many of :func:`step_features` come first and are zero for an eager step."""
+
+
+def eager_features(eager, tokens, prefill_seqs, prefill_attention, prefill_context, decode_seqs,
+                   decode_width, real_kv=None, serial=None, gpu_bound_serial=None):
+    """:func:`step_features` from ``eager_step`` on (``eager``: 1 for an eager step, else 0).
+    An eager step's first :data:`GRAPH_TERMS` features are zero and add +0.0 to
+    :func:`combine`'s sum, so it can be priced from these and the coefficients past them."""
+    feats = (eager, eager * tokens, eager * prefill_seqs, eager * prefill_attention,
              eager * prefill_context, eager * decode_seqs, eager * decode_seqs * decode_width,
              # An eager step with decode rows runs the decode-attention path too (gather the
              # rows' blocks, a padded SDPA, per layer): a fixed set of launches, measured on

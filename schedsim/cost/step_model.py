@@ -106,9 +106,9 @@ import numpy as np
 
 from schedsim.core.llm_policy import SMALL, int_max
 from schedsim.cost.llm_shapes import context_blocks, graph_batch
-from schedsim.cost.step_fit import (GPU_BOUND_SERIAL_FEATURE, KV_FEATURE, SERIAL_FEATURE, StepFit, combine,
-                                    fit_step_profile, gpu_bound_serial_keys, kv_quantum, real_kv_tokens, round_up,
-                                    serial_keys, step_features, stored_fit)
+from schedsim.cost.step_fit import (GPU_BOUND_SERIAL_FEATURE, GRAPH_TERMS, KV_FEATURE, SERIAL_FEATURE, StepFit,
+                                    combine, eager_features, fit_step_profile, gpu_bound_serial_keys, kv_quantum,
+                                    real_kv_tokens, round_up, serial_keys, step_features, stored_fit)
 from schedsim.cost.step_profile import LOOP_KEYS, StepProfile, load_step_profile
 from schedsim.errors import InputError
 
@@ -215,6 +215,9 @@ class StepCostModel:
         if fit.features[-1] == KV_FEATURE and not self._real_kv:
             coef.pop()
         self._coef = coef
+        # An eager step's price starts past the graph features (zero for it), where their
+        # weights are finite (a zero feature then adds +0.0; an infinite weight would add NaN).
+        self._eager_coef = coef[GRAPH_TERMS:] if all(map(math.isfinite, coef[:GRAPH_TERMS])) else None
         fc = profile.first_call_ms
         self.first_call_ns = 0.0 if fc is None else fc * 1e6
         """ns an eager step with a prefill costs more at a token count this run has not priced yet."""
@@ -274,11 +277,14 @@ class StepCostModel:
             top = max(top, dmax)
             if top > self.max_context_measured:
                 self._beyond(top)
-            s = (0, 0, 0, tokens, n - nd, attention, pctx, nd, dwidth)
-            serial = serial_keys(nd, dwidth, self._attention, bs) if self._attention else None
-            bound = gpu_bound_serial_keys(tokens, nd, dwidth, self._attention, bs) if self._gpu_bound else None
-            feats = step_features(*s, real_kv=real if self._real_kv else None, serial=serial, gpu_bound_serial=bound)
-            x = combine(self._coef, feats) * 1e6 + self.overhead_ns + self._loop(n)
+            s = (tokens, n - nd, attention, pctx, nd, dwidth, real if self._real_kv else None,
+                 serial_keys(nd, dwidth, self._attention, bs) if self._attention else None,
+                 gpu_bound_serial_keys(tokens, nd, dwidth, self._attention, bs) if self._gpu_bound else None)
+            if self._eager_coef is None:
+                x = combine(self._coef, step_features(0, 0, 0, *s))
+            else:   # the same sum: the graph features it skips are zeros, adding +0.0
+                x = combine(self._eager_coef, eager_features(1, *s))
+            x = x * 1e6 + self.overhead_ns + self._loop(n)
             if self.first_call_ns and tokens not in self.seen_tokens:   # (this branch has a prefill)
                 x += self.first_call_ns   # the engine's first step of this token count
                 self.seen_tokens.add(tokens)

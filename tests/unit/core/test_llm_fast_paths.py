@@ -9,6 +9,7 @@ running every step one at a time.
 
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -20,10 +21,13 @@ from hypothesis import strategies as st
 from policies.kv_cache import KVCacheManager
 from policies.paged_kv import PagedKV
 from schedsim.core.llm_simulate import simulate_llm
-from schedsim.cost.step_model import _summary_of_arrays, _summary_of_lists
+from schedsim.cost.step_model import StepCostModel, _summary_of_arrays, _summary_of_lists
+from schedsim.cost.step_profile import StepProfile, load_step_profile
+from schedsim.run.llm_runner import default_step_profile_path
 from schedsim.core.llm_policy import int_max
 from kv_ops import run_ops
 from llm_helpers import LinearCost, OneStepAtATime, llm_requests
+from step_profile_synthetic import SYNTHETIC_META, synthetic_columns
 
 
 def busy_manager(seed: int, caching: bool, cls=KVCacheManager):
@@ -46,15 +50,16 @@ def busy_manager(seed: int, caching: bool, cls=KVCacheManager):
     return kv, held
 
 
+@pytest.mark.parametrize("rounds", [False, True])   # fewer blocks than requests (one each), or rounds
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("seed", range(8))
-def test_round_robin_allocation_equals_one_block_at_a_time(seed, caching):
+def test_round_robin_allocation_equals_one_block_at_a_time(seed, caching, rounds):
     a, held = busy_manager(seed, caching)
     b, _ = busy_manager(seed, caching)
     reqs = sorted(held)[:5]
     if not reqs:
         return
-    total = min(a.num_free_blocks, 3 * len(reqs) + 2)
+    total = min(a.num_free_blocks, 3 * len(reqs) + 2 if rounds else max(1, len(reqs) - 1))
     a.allocate_round_robin(reqs, total)
     for i in range(total):
         r = reqs[i % len(reqs)]
@@ -94,6 +99,30 @@ def test_step_summaries_on_lists_equal_those_on_arrays():
         context = rng.integers(0, 5000, n).astype(np.int32)
         assert _summary_of_lists(tokens.tolist(), context.tolist()) == _summary_of_arrays(tokens, context)
         assert int_max(context) == int(context.max())
+
+
+@pytest.fixture(scope="module")
+def step_models() -> list[StepCostModel]:
+    """The bundled profile's model (serial keys, real KV) and a synthetic one (neither)."""
+    return [StepCostModel.from_profile(load_step_profile(default_step_profile_path())),
+            StepCostModel.from_profile(StepProfile.from_columns(synthetic_columns(), SYNTHETIC_META))]
+
+
+@hyp_settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from([1, 1, 1, 2, 17, 512, 1500, 4096]), st.integers(0, 6000)),
+                     min_size=1, max_size=40).filter(lambda rows: any(q > 1 for q, _ in rows)))
+def test_eager_step_prices_equal_the_full_feature_sum(step_models, rows):
+    """A step with a prefill is priced from the eager features alone: the same int as the sum
+    over every feature, graph ones (zero for it) included."""
+    tokens = np.array([q for q, _ in rows], np.int32)
+    context = np.array([c for _, c in rows], np.int32)
+    for model in step_models:
+        assert model._eager_coef is not None
+        seen = set(model.seen_tokens)   # (a token count's first step costs more: the same for both)
+        fast = model.step_ns(tokens, context)
+        full = copy.copy(model)
+        full._eager_coef, full.seen_tokens = None, seen
+        assert fast == full.step_ns(tokens, context)
 
 
 # --- paged-kv: busy steps worked out on arrays equal steps worked out row by row ----------
