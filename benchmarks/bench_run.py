@@ -234,9 +234,22 @@ def bare_in_child(spawner: Spawner, trace: Path, n: int, seed: int, stdout: Path
 
 # ------------------------------------------------------------------ in-process pieces
 
+def as_schedsim_run() -> None:
+    """This process's memory as ``schedsim run`` sets its own (schedsim.cli.main.prepare_run_process):
+    freed blocks kept for reuse and numpy's arrays in ordinary pages, numpy being loaded already.
+    Without them a 2,000,000-request summarize() took 0.25-0.32 s here the first time, mostly
+    system time in page faults, where the command's takes about 0.06 s."""
+    from schedsim.cli.main import prepare_run_process
+
+    prepare_run_process()
+    np._core.multiarray._set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
+
+
 def in_process(csv: Path, parquet: Path, profile_path: Path, flags: list[str], seed: int,
                want_tracemalloc: bool) -> dict:
-    """Time load / build / simulate / summarize as runner.execute does them, for a breakdown."""
+    """Time load / build / simulate / summarize as runner.execute does them, for a breakdown, in
+    this process set up as ``schedsim run`` sets its own (:func:`as_schedsim_run`)."""
+    as_schedsim_run()
     from schedsim.cost.model import CostModel
     from schedsim.core.metrics import summarize
     from schedsim.registry import build_policy

@@ -224,10 +224,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
     if argv is None and sys.argv[1:2] == ["run"]:
-        _reuse_freed_memory()
-        _one_blas_thread()
-        _arrow_from_malloc()
-        _ordinary_pages()
+        prepare_run_process()
     try:
         return _main(argv)
     finally:
@@ -236,6 +233,16 @@ def main(argv: list[str] | None = None) -> int:
             # next: freezing every object spares the interpreter's final full collection
             # over all imported modules' objects (about 45 ms of a `schedsim run`).
             gc.freeze()
+
+
+def prepare_run_process() -> None:
+    """What ``schedsim run`` sets for itself when run as the program, before numpy and pyarrow
+    load (each described below): freed memory kept for reuse, one OpenBLAS thread, pyarrow's
+    buffers from malloc, numpy's arrays in ordinary pages. Values the user set are kept."""
+    _reuse_freed_memory()
+    _one_blas_thread()
+    _arrow_from_malloc()
+    _ordinary_pages()
 
 
 def _one_blas_thread() -> None:
