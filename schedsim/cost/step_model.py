@@ -142,7 +142,7 @@ def _summary_of_arrays(num_tokens: np.ndarray, context: np.ndarray) -> tuple:
     calls (each costs about a microsecond whatever its size): the sums over all rows, less
     the (few) prefill chunks' share, worked out in Python ints."""
     n = num_tokens.shape[0]
-    pre = np.flatnonzero(num_tokens != 1)
+    pre = (num_tokens != 1).nonzero()[0]   # (np.flatnonzero's Python wrapper costs as much again)
     contexts = int(_add(context, dtype=np.int64))
     if not pre.shape[0]:   # decode-only
         return n, n, int(_maximum(context)) + 1, 0, 0, 0, contexts + n
