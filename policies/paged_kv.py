@@ -321,10 +321,10 @@ class PagedKV(LLMPolicy):
                 known = prompt[r] + generated[r]
                 hits = 0
                 if self.prefix_caching:
-                    keys = self.keys.get(r)
-                    if keys is None:
-                        keys = self.keys[r] = BlockKeys(self.requests, r, bs)
-                    hits = kv.computed_prefix(r, keys, known, count=r not in self.admitted_before)
+                    if self.LOOKUP_EVERY_ADMISSION or r in self.admitted_before or self.shared[r]:
+                        hits = kv.computed_prefix(r, self._keys(r), known, count=r not in self.admitted_before)
+                    else:   # only its own keys, never registered before it first runs: no hit
+                        kv.queried_tokens += known
                 n = known - hits
                 if partial_limit and n > 1:
                     if partial >= partial_limit:
@@ -338,8 +338,8 @@ class PagedKV(LLMPolicy):
                     n = budget
                 # Newer vLLM keeps the watermark only when admitting beside running requests.
                 mark = self.watermark_blocks if running or not self.watermark_while_running else 0
-                if kv.allocate(r, hits + n, self.keys.get(r), num_cached_tokens=hits, watermark_blocks=mark,
-                               full_tokens=known if self.reserve_full_isl else 0) is None:
+                if kv.allocate(r, hits + n, self.keys.get(r) if hits else None, num_cached_tokens=hits,
+                               watermark_blocks=mark, full_tokens=known if self.reserve_full_isl else 0) is None:
                     break
                 if self.prefix_caching:
                     self.full[r] = hits // bs   # what it holds cached: its hit blocks
@@ -532,6 +532,10 @@ class PagedKV(LLMPolicy):
     DECODE_AFTER = True
     """Whether a step of fewer rows whose rows all emit carries the repeatable decode step
     that would follow it (:attr:`Step.then`: a simulator then runs both as one event)."""
+    LOOKUP_EVERY_ADMISSION = False
+    """Whether every admission looks its prompt up in the prefix cache, as vLLM does. Off, a
+    request's first admission skips the lookup where every key of its is its own (no block
+    it could share): none is in the cache before it runs, so the lookup would find nothing."""
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.
@@ -550,14 +554,22 @@ class PagedKV(LLMPolicy):
             self.full[r] = num_full
             shared = int(self.shared[r])
             if shared:
-                self.kv.cache_blocks(r, min(num_full, shared), self.keys[r])
+                self.kv.cache_blocks(r, min(num_full, shared), self._keys(r))
+
+    def _keys(self, r: int) -> BlockKeys:
+        """``r``'s prefix-cache keys, worked out when first asked for: a request whose keys
+        are all its own needs them only once it is preempted."""
+        keys = self.keys.get(r)
+        if keys is None:
+            keys = self.keys[r] = BlockKeys(self.requests, r, self.block_size)
+        return keys
 
     def _preempt(self, victim: int) -> None:
         self.preemptions += 1
         if self.swap:
             if self.kv.can_swap_out(victim):
                 if self.prefix_caching:   # the blocks put off by _cache_full_blocks, as their keys stay
-                    self.kv.cache_blocks(victim, self.full[victim], self.keys[victim])
+                    self.kv.cache_blocks(victim, self.full[victim], self._keys(victim))
                 self._swapped_out_now += self.kv.swap_out(victim)
                 self.cap[victim] = 0
                 self.swaps_out += 1
@@ -566,7 +578,7 @@ class PagedKV(LLMPolicy):
             self.swap_fallbacks += 1  # v0 aborts here; we recompute instead and count it
         full = self.p.computed[victim] // self.block_size
         if self.prefix_caching:
-            self.kv.cache_blocks(victim, full, self.keys[victim])
+            self.kv.cache_blocks(victim, full, self._keys(victim))
         self.kv.free(victim, full)
         self.cap[victim] = 0
         self.p.computed[victim] = 0

@@ -2,10 +2,11 @@
 
 A block keyed by its own request (no hash id covers it) can be hit only by that request
 after a preemption, so ``PagedKV._cache_full_blocks`` puts its registration off until the
-request gives its blocks back. Here a policy that registers every full block at once, as
-vLLM does, must schedule the same steps over the same block ids with the same hits,
-under heavy preemption (recompute and swap), with shared hash-id prefixes, and with
-hash ids only one request has (registered as lazily as its own keys).
+request gives its blocks back, and a request whose keys are all its own skips the lookup
+of its first admission. Here a policy that registers every full block at once and looks up
+every admission, as vLLM does, must schedule the same steps over the same block ids with
+the same hits, under heavy preemption (recompute and swap), with shared hash-id prefixes,
+and with hash ids only one request has (registered as lazily as its own keys).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from llm_helpers import LinearCost, llm_requests
 
 class EagerPagedKV(PagedKV):
     VECTOR_ROWS = 1 << 30   # row by row: every row that fills a block registers it there
+    LOOKUP_EVERY_ADMISSION = True   # and every admission looks its prompt up
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         self.full[r] = max(self.full[r], num_full)
-        self.kv.cache_blocks(r, num_full, self.keys[r])
+        self.kv.cache_blocks(r, num_full, self._keys(r))
 
 
 class CountingKV(KVCacheManager):
