@@ -533,9 +533,9 @@ class PagedKV(LLMPolicy):
     """Whether a step of fewer rows whose rows all emit carries the repeatable decode step
     that would follow it (:attr:`Step.then`: a simulator then runs both as one event)."""
     LOOKUP_EVERY_ADMISSION = False
-    """Whether every admission looks its prompt up in the prefix cache, as vLLM does. Off, a
-    request's first admission skips the lookup where every key of its is its own (no block
-    it could share): none is in the cache before it runs, so the lookup would find nothing."""
+    """Whether every admission looks its prompt up in the prefix cache, as vLLM does. Off, the
+    first admission of a request whose keys are all its own (no block another request could
+    share) skips the lookup: none of its keys is cached before it runs, so it would find nothing."""
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.
