@@ -30,10 +30,10 @@ from llm_helpers import LinearCost, OneStepAtATime, llm_requests
 from step_profile_synthetic import SYNTHETIC_META, synthetic_columns
 
 
-def busy_manager(seed: int, caching: bool, cls=KVCacheManager):
+def busy_manager(seed: int, caching: bool, cls=KVCacheManager, unhashed_first: bool = False):
     """A manager after random traffic: allocations, prefix hits, frees (stale entries)."""
     rng = random.Random(seed)
-    kv = cls(64, 4, enable_prefix_caching=caching)
+    kv = cls(64, 4, enable_prefix_caching=caching, free_unhashed_first=unhashed_first)
     held: dict[int, int] = {}
     for step in range(200):
         if rng.random() < 0.6 or not held:
@@ -50,12 +50,13 @@ def busy_manager(seed: int, caching: bool, cls=KVCacheManager):
     return kv, held
 
 
+@pytest.mark.parametrize("unhashed_first", [False, True])   # freed blocks without a key first (a stack)
 @pytest.mark.parametrize("rounds", [False, True])   # fewer blocks than requests (one each), or rounds
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("seed", range(8))
-def test_round_robin_allocation_equals_one_block_at_a_time(seed, caching, rounds):
-    a, held = busy_manager(seed, caching)
-    b, _ = busy_manager(seed, caching)
+def test_round_robin_allocation_equals_one_block_at_a_time(seed, caching, rounds, unhashed_first):
+    a, held = busy_manager(seed, caching, unhashed_first=unhashed_first)
+    b, _ = busy_manager(seed, caching, unhashed_first=unhashed_first)
     reqs = sorted(held)[:5]
     if not reqs:
         return
