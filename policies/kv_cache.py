@@ -560,19 +560,20 @@ class KVCacheManager:
         if cut < order.shape[0]:
             self._front += blocks[cut:]
             order = order[:cut]
-        if num_cached and not self._nshared:   # no block has two holders: each held one reaches 0
-            self._ref[order[:num_cached]] = 0
-        elif num_cached:
+        if num_cached:
             held = order[:num_cached]
             ref = self._ref
-            refs = ref[held]
-            ref[held] = refs - 1
-            last = refs == 1
-            if not last.all():   # a few shared (a common prefix): they keep their other holders
-                self._nshared -= int(np.count_nonzero(refs == 2))
-                freed = np.ones(order.shape[0], bool)
-                freed[:num_cached] = last
-                order = order[freed]
+            if not self._nshared:   # no block has two holders: each held one reaches 0
+                ref[held] = 0
+            else:
+                refs = ref[held]
+                ref[held] = refs - 1
+                last = refs == 1
+                if not last.all():   # a few shared (a common prefix): they keep their other holders
+                    self._nshared -= int(np.count_nonzero(refs == 2))
+                    freed = np.ones(order.shape[0], bool)
+                    freed[:num_cached] = last
+                    order = order[freed]
         self._append(order[::-1])
 
     # -- swap (vLLM v0) ----------------------------------------------------------------

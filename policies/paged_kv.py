@@ -321,10 +321,11 @@ class PagedKV(LLMPolicy):
                 known = prompt[r] + generated[r]
                 hits = 0
                 if self.prefix_caching:
-                    if self.LOOKUP_EVERY_ADMISSION or r in self.admitted_before or self.shared[r]:
-                        hits = kv.computed_prefix(r, self._keys(r), known, count=r not in self.admitted_before)
-                    else:   # only its own keys, never registered before it first runs: no hit
-                        kv.queried_tokens += known
+                    first = r not in self.admitted_before
+                    # A first admission with only its own keys (none registered before it runs)
+                    # looks up no key: the lookup is counted and finds nothing.
+                    keys = self._keys(r) if self.LOOKUP_EVERY_ADMISSION or not first or self.shared[r] else ()
+                    hits = kv.computed_prefix(r, keys, known, count=first)
                 n = known - hits
                 if partial_limit and n > 1:
                     if partial >= partial_limit:
@@ -533,9 +534,9 @@ class PagedKV(LLMPolicy):
     """Whether a step of fewer rows whose rows all emit carries the repeatable decode step
     that would follow it (:attr:`Step.then`: a simulator then runs both as one event)."""
     LOOKUP_EVERY_ADMISSION = False
-    """Whether every admission looks its prompt up in the prefix cache, as vLLM does. Off, the
-    first admission of a request whose keys are all its own (no block another request could
-    share) skips the lookup: none of its keys is cached before it runs, so it would find nothing."""
+    """Whether every admission looks its prompt's keys up in the prefix cache, as vLLM does. Off,
+    the first admission of a request whose keys are all its own (no block another request could
+    share) looks up none: none of them is cached before it runs, so the lookup would find nothing."""
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.

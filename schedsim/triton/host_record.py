@@ -66,9 +66,9 @@ FRESH_WARMUP_REQUESTS = 50
 def fresh_servers(spec, repo: Path, one: dict, first: tuple, raw: Path, env: dict, rng, note) -> dict:
     """The record over fresh servers of ``repo`` (the zero-delay model alone): the table's own
     server's round (``first``) first, then one round on each of ``spec.host_servers`` servers
-    started one after another (each warmed by :data:`FRESH_WARMUP_REQUESTS`). Its factors are over the table's
-    own server's round; the record of the table's server alone (``one``) is kept under
-    ``one_server``."""
+    started one after another (each warmed by :data:`FRESH_WARMUP_REQUESTS`). Its factors are
+    over the table's own server's round; the record of the table's server alone (``one``) is
+    kept under ``one_server``."""
     from schedsim.profiling.host_variation import relative_to, summarise, time_round
     from schedsim.triton.server import TritonServer, find_tritonserver
 
@@ -91,6 +91,7 @@ def fresh_servers(spec, repo: Path, one: dict, first: tuple, raw: Path, env: dic
                      "scope": f"{len(samples)} Triton servers started one after another on one machine, one round "
                               "each, the first the table's own", "one_server": one,
                      "method": f"lone requests timed back to back for {spec.host_variation_s:g} s on each server (after "
-                               f"{FRESH_WARMUP_REQUESTS} warm-up requests on a fresh one); between_runs_cv = std/mean of the servers' "
-                               f"medians; within_run_cv = std of the {window_s(spec):g}-second window medians "
-                               "over their server's median; the timeline from means, over the table's server's round"}
+                               f"{FRESH_WARMUP_REQUESTS} warm-up requests on a fresh one); "
+                               "between_runs_cv = std/mean of the servers' medians; within_run_cv = std of the "
+                               f"{window_s(spec):g}-second window medians over their server's median; the "
+                               "timeline from means, over the table's server's round"}

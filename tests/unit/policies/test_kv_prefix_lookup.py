@@ -24,7 +24,8 @@ def test_allocate_after_a_lookup_equals_allocate_alone():
     looked, keys = cached_manager()
     alone, _ = cached_manager()
     assert looked.computed_prefix("b", keys, 13, count=False) == 12
-    assert looked.allocate("b", 13, keys, num_cached_tokens=12) == alone.allocate("b", 13, keys, num_cached_tokens=12) == 1
+    assert (looked.allocate("b", 13, keys, num_cached_tokens=12)
+            == alone.allocate("b", 13, keys, num_cached_tokens=12) == 1)
     assert looked.blocks_of("b")[:3] == [1, 2, 3]
     looked.check()
     assert looked.state() == alone.state()

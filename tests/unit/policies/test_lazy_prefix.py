@@ -2,11 +2,11 @@
 
 A block keyed by its own request (no hash id covers it) can be hit only by that request
 after a preemption, so ``PagedKV._cache_full_blocks`` puts its registration off until the
-request gives its blocks back, and a request whose keys are all its own skips the lookup
-of its first admission. Here a policy that registers every full block at once and looks up
-every admission, as vLLM does, must schedule the same steps over the same block ids with
-the same hits, under heavy preemption (recompute and swap), with shared hash-id prefixes,
-and with hash ids only one request has (registered as lazily as its own keys).
+request gives its blocks back, and a request whose keys are all its own looks up none of
+them at its first admission. Here a policy that registers every full block at once and
+looks up every admission's keys, as vLLM does, must schedule the same steps over the same
+block ids with the same hits, under heavy preemption (recompute and swap), with shared
+hash-id prefixes, and with hash ids only one request has (registered as lazily as its own keys).
 """
 
 from __future__ import annotations
