@@ -44,7 +44,7 @@ from array import array
 import numpy as np
 
 from policies.kv_cache import KVCacheManager
-from policies.llm_common import (BlockKeys, PriorityWaiting, Progress, Waiting, check_token_columns,
+from policies.llm_common import (REJECT_TOO_LONG, BlockKeys, PriorityWaiting, Progress, Waiting, check_token_columns,
                                  make_step, rejects, shareable_blocks)
 from schedsim.errors import InputError
 from schedsim.core.llm_policy import LLMPolicy, SpeculativeConfig, Step, int_max, kv_budget
@@ -537,6 +537,23 @@ class PagedKV(LLMPolicy):
     """Whether every admission looks its prompt's keys up in the prefix cache, as vLLM does. Off,
     the first admission of a request whose keys are all its own (no block another request could
     share) looks up none: none of them is cached before it runs, so the lookup would find nothing."""
+
+    COMPILED = True
+    """Whether :func:`~schedsim.core.llm_simulate.simulate_llm` replays this policy compiled where
+    it can (:mod:`policies.paged_kv_compiled`: the same results, bit for bit); False runs it here."""
+
+    def replay_compiled(self, requests, cost) -> dict | None:
+        """The whole run replayed compiled, just after :meth:`reset`: the driver's log, or None
+        where the replay does not cover these settings (nothing changed then)."""
+        if not self.COMPILED or type(self) is not PagedKV:   # (a subclass may decide otherwise)
+            return None
+        from policies import paged_kv_compiled
+
+        replayed = paged_kv_compiled.replay(self, requests, cost)
+        if replayed is not None:
+            paged_kv_compiled.apply(self, cost, replayed)
+            replayed["reject_reason"] = REJECT_TOO_LONG
+        return replayed
 
     def _cache_full_blocks(self, r: int, num_full: int) -> None:
         """Cache ``r``'s first ``num_full`` blocks, as vLLM does once they are full.

@@ -37,9 +37,10 @@ except ImportError:
         _set_madvise_hugepage = None
 
 from schedsim.core.events import COMPLETION, DECISION, EventLoop, Scheduled
-from schedsim.core.llm_results import LLMResult, apply_reject, count_type, step_token_sums, token_times
+from schedsim.core.llm_results import (LLMResult, TokenTimes, apply_reject, count_type, step_token_sums,
+                                       token_times)
 from schedsim.core.llm_policy import Step, int_max
-from schedsim.core.policy import NEVER, Requests
+from schedsim.core.policy import NEVER, Reject, Requests
 from schedsim.core.results import COMPLETED, QUEUED, RUNNING, PolicyError
 from schedsim.cost.protocols import step_cost
 
@@ -94,7 +95,13 @@ class _Driver:
 
     def run(self) -> LLMResult:
         self.policy.reset(self.req)
-        if self.n:
+        # A policy that can replay the whole run compiled (paged-kv) hands back the log
+        # this loop would have written; where it cannot, it answers None.
+        replay = getattr(type(self.policy), "replay_compiled", None)   # (not a wrapper's forward)
+        replayed = replay(self.policy, self.req, self.cost) if replay is not None else None
+        if replayed is not None:
+            self._take_replay(replayed)
+        elif self.n:
             Scheduled(self.env, int(self.arrival_ns[0]), DECISION, self._on_wake)
         # A run allocates millions of small containers that die young, and makes almost no
         # reference cycles: the cyclic collector's passes over the growing log and policy
@@ -271,28 +278,54 @@ class _Driver:
         self.run_counts[first] -= 1                # the first step's gap is not a repeat's
         return taken, total
 
+    def _take_replay(self, replayed: dict) -> None:
+        """The driver's state at the end of a compiled replay: its log, runs, counts, rejections."""
+        self.log_array, self.log_summary = replayed["log"], replayed["log_summary"]
+        self.run_prices, self.run_counts = replayed["run_prices"], replayed["run_counts"]
+        self.preemptions = replayed["preemptions"]
+        for row, ns in zip(replayed["rejected_rows"].tolist(), replayed["rejected_ns"].tolist()):
+            apply_reject(self.policy, self.status, self.end_ns, self.n, ns,
+                         Reject(np.array([row], np.int64), replayed["reject_reason"]))
+
+    log_array: np.ndarray | None = None
+    """The log as 8 rows (a field each) of one column per event, where a compiled replay wrote it."""
+    log_summary = None
+    """The replay's token times, per-step emitting rows and token sums from its log (given
+    which requests are measured), where a compiled replay wrote the log."""
+
     def _result(self) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
-        nsteps = len(self.log)
-        start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
-            np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
-        rec = np.repeat(np.arange(nsteps, dtype=np.int32 if nsteps < 1 << 30 else np.int64), sizes)
-        rows, tokens, emits = self.columns.arrays()
-
-        counts = None
-        if self.emit_tokens is not None:
-            counts = np.concatenate(self.emit_tokens).astype(np.int64) if self.emit_tokens else np.empty(0, np.int64)
-        t = token_times(n, rows, rec, emits, start, first_end, end, repeats, counts)
+        measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
+        if self.log_array is None:
+            nsteps = len(self.log)
+            start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
+                np.array(col, np.int64) for col in (zip(*self.log) if nsteps else [()] * 8))
+            rows, tokens, emits = self.columns.arrays()
+            rec = np.repeat(np.arange(nsteps, dtype=np.int32 if nsteps < 1 << 30 else np.int64), sizes)
+            counts = None
+            if self.emit_tokens is not None:
+                counts = (np.concatenate(self.emit_tokens).astype(np.int64) if self.emit_tokens
+                          else np.empty(0, np.int64))
+            t = token_times(n, rows, rec, emits, start, first_end, end, repeats, counts)
+        else:   # the same arrays, worked out compiled from the replay's log
+            nsteps = self.log_array.shape[1]
+            start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = self.log_array
+            *times, all_emitting, measured_emitting, tok, pre = self.log_summary(measured)
+            t = TokenTimes(*times)
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.
-        measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
         if measured.all():   # (no warm-up: record by record, without moving the log through rec)
             gaps = t.gaps_ns
-            emitting = np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=count_type(emits)) if nsteps else sizes
+            if self.log_array is not None:
+                emitting = all_emitting
+            else:
+                emitting = (np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=count_type(emits)) if nsteps
+                            else sizes)
         else:
             gaps = t.gaps_ns[measured[t.gap_rows]]
-            emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
+            emitting = (measured_emitting if self.log_array is not None
+                        else np.bincount(rec[emits & measured[rows]], minlength=nsteps))
         multi = np.flatnonzero(repeats > 1)
         run_ns = np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))
         run_count = np.repeat(emitting[multi], repeats[multi] - 1).astype(np.int64, copy=False)
@@ -326,7 +359,8 @@ class _Driver:
         finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
         end_ns[done] = finish[done]
 
-        tok, pre = step_token_sums(tokens, sizes)
+        if self.log_array is None:
+            tok, pre = step_token_sums(tokens, sizes)
         return LLMResult(
             requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
             first_token_ns=t.first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),
