@@ -39,6 +39,7 @@ stopped at that limit (``current``; rejected only when the prompt and one token 
 
 from __future__ import annotations
 
+import sys
 from array import array
 
 import numpy as np
@@ -541,13 +542,20 @@ class PagedKV(LLMPolicy):
     COMPILED = True
     """Whether :func:`~schedsim.core.llm_simulate.simulate_llm` replays this policy compiled where
     it can (:mod:`policies.paged_kv_compiled`: the same results, bit for bit); False runs it here."""
+    COMPILED_FROM = 5000
+    """Requests from which a run is replayed compiled while the replay is not loaded yet in
+    this process: loading it (numba and its cached machine code) takes about 0.7 s, what this
+    path spends on some 5,000 requests."""
 
     def replay_compiled(self, requests, cost) -> dict | None:
         """The whole run replayed compiled, just after :meth:`reset`: the driver's log, or None
         where the replay does not cover these settings (nothing changed then)."""
         if not self.COMPILED or type(self) is not PagedKV:   # (a subclass may decide otherwise)
             return None
-        from policies import paged_kv_compiled
+        loaded = sys.modules.get("policies.paged_kv_compiled")
+        if len(requests) < self.COMPILED_FROM and not (loaded is not None and loaded.loaded()):
+            return None
+        from policies import paged_kv_compiled   # (lazy: numba takes 0.3 s to import)
 
         replayed = paged_kv_compiled.replay(self, requests, cost)
         if replayed is not None:

@@ -86,6 +86,11 @@ def replay(policy, requests, cost) -> dict | None:
             "beyond": int(state[S_BEYOND])}
 
 
+def loaded() -> bool:
+    """Whether the kernel is loaded in this process (a replay then costs no start-up)."""
+    return numba is not None and bool(kernel.signatures)
+
+
 def _compiles_first() -> bool:
     """Whether the next call compiles the kernel: not loaded here, and no cache of it on disk."""
     if kernel.signatures:

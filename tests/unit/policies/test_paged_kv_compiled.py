@@ -9,7 +9,11 @@ counters and the warnings must agree; and the replay must actually run where it 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +41,7 @@ def _cost(first_call_ms: float = 0.0, max_context: int | None = None, loop_us=No
 def _run(req, params: dict, cost_args: dict, compiled: bool):
     policy = PagedKV(**params)
     policy.COMPILED = compiled
+    policy.COMPILED_FROM = 0   # (however small the trace)
     cost = _cost(**cost_args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -190,3 +195,32 @@ def test_not_covered(case):
     policy.reset(req if case == "shared keys" else llm_requests([0.0, 0.1], [600, 600], [5, 5]))
     assert not paged_kv_compiled.covered(policy, cost)
     assert policy.replay_compiled(policy.requests, cost) is None
+
+
+def test_a_small_run_loads_no_replay():
+    """Below COMPILED_FROM requests, a process that has not loaded the replay runs in Python
+    (loading numba would cost more than the run); once loaded, any run is replayed."""
+    code = """
+import sys
+from llm_helpers import llm_requests
+from policies.paged_kv import PagedKV
+from schedsim.core.llm_simulate import simulate_llm
+from schedsim.cost.step_model import StepCostModel
+from schedsim.cost.step_profile import load_step_profile
+from schedsim.run.llm_runner import default_step_profile_path
+cost = StepCostModel.from_profile(load_step_profile(default_step_profile_path()))
+req = llm_requests([0.0, 0.1], [100, 200], [10, 20])
+policy = PagedKV()
+assert policy.replay_compiled(req, cost) is None and 'numba' not in sys.modules
+policy.COMPILED_FROM = 2
+policy.reset(req)
+assert policy.replay_compiled(req, cost) is not None
+policy = PagedKV()
+policy.reset(req)
+assert policy.replay_compiled(req, cost) is not None   # loaded now
+print('ok')
+"""
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
