@@ -1,22 +1,24 @@
-"""``paged-kv`` replayed in compiled code: the same steps, records and prices, 10-100x faster.
+"""``paged-kv`` replayed in compiled code: the same steps, records and prices, 2-25x faster.
 
 A busy engine decides a step for nearly every arrival and finish, and each decision walks
 its running rows: in Python that costs 50-100 us an event, whatever is vectorised. This
 module replays :class:`~policies.paged_kv.PagedKV` (row by row, as its reference loop
-does), :func:`~schedsim.core.llm_simulate.simulate_llm`'s driver (folded decode runs, cut at
-arrivals by division, runs past arrivals that only wait, the decode run a step carries)
+does), its :class:`~policies.kv_cache.KVCacheManager` (free queue, prefix cache, shared
+blocks), :func:`~schedsim.core.llm_simulate.simulate_llm`'s driver (folded decode runs, cut
+at arrivals by division, runs past arrivals that only wait, the decode run a step carries)
 and :class:`~schedsim.cost.step_model.StepCostModel`'s prices, compiled with numba, and
 hands the driver the step log it would have written. The result is the same bit for bit:
 ``tests/unit/policies/test_paged_kv_compiled.py`` checks it against the Python path on
 random traces and settings.
 
-It covers what the block counts alone decide: where no block is ever found by its key,
-the block manager reduces to counts of blocks held. That is every run without prefix
-caching, and every run with it whose requests have only their own keys (no shared prefix)
-until a request is preempted (its blocks then become findable). First-come first-served,
-recompute preemption, no speculative decoding, no ``max_num_partial_prefills``. Anything
-else, and a run that reaches a preemption with prefix caching, runs in Python
-(:func:`replay` answers None). Without numba, everything does.
+Where no block can be found by its key (prefix caching off, or no prefix shared between
+requests and no preemption), the block manager reduces to counts of blocks held, and the
+replay keeps only those; a preemption under prefix caching makes the victim's blocks
+findable, and the replay runs again keeping block ids. Covered: first-come first-served,
+recompute preemption, no speculative decoding, no ``max_num_partial_prefills``, a PagedKV
+itself (a subclass may decide otherwise) priced by a StepCostModel of the policy's block
+size. Anything else runs in Python (:func:`replay` answers None). Without numba,
+everything does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from schedsim.core.policy import NEVER
 
 try:
     import numba
+    from numba.typed import List
 except ImportError:   # pragma: no cover - numba is a dependency; a stripped install runs in Python
     numba = None
 
@@ -38,19 +41,38 @@ except ImportError:   # pragma: no cover - numba is a dependency; a stripped ins
 (P_BS, P_BUDGET, P_MAX_SEQS, P_THRESHOLD, P_CHUNKED, P_PREFIX, P_FULL_ISL, P_WATERMARK, P_MARK_RUNNING,
  P_CAPS, P_MAX_LEN, P_MAX_TOKENS_GPU, P_USABLE, P_DECODE_AFTER, P_VECTOR_ROWS, P_ASYNC, P_GRAPHS,
  P_REAL_KV, P_SERIAL, P_KV_HEADS, P_SPLIT_CTAS, P_MIN_SPLIT, P_WAVE, P_MAX_MEASURED, P_MIN_GRAPH_BLOCKS,
- P_FIRST_CALL, P_LEN) = range(27)
+ P_FIRST_CALL, P_TRACKS_FULL, P_LOOKUP_EVERY, P_UNHASHED_FIRST, P_PER_ID, P_N, P_BLOCKS, P_LEN) = range(33)
 """Integer parameters of the policy and the cost model."""
 
 (F_OVERHEAD, F_LOOP_A, F_LOOP_B, F_FIRST_CALL, F_LEN) = range(5)
 """Float parameters of the cost model (ns)."""
 
 (S_FREE, S_NRUN, S_WHEAD, S_WTAIL, S_CAPPED, S_PREEMPTIONS, S_NTOOLONG, S_DELIVERED, S_NEXT, S_BEYOND,
- S_NLOG, S_NCOL, S_NRUNS, S_NREJ, S_LEN) = range(15)
-"""Scalar state: free blocks, running and waiting counts, counters, log lengths."""
+ S_NLOG, S_NCOL, S_NRUNS, S_NREJ, S_NSHARED, S_POOL_TOP, S_LEN) = range(17)
+"""Scalar state: free blocks, running and waiting counts, counters, log lengths, blocks with
+more than one holder, the block-table pool's first unused entry."""
 
-OK, BAIL_PREFIX, BAIL_KV = 0, 1, 2
-"""How a replay ends: done; a preemption with prefix caching (blocks become findable by key);
-a request that needs more blocks than exist (the Python path raises KVCacheError)."""
+(B_NXT, B_PRV, B_KEY, B_KEYED, B_REF, B_DNXT, B_DPRV, B_DTAIL, B_LEN) = range(9)
+"""Per block: the free queue's links (a doubly linked list; the sentinel is the last
+column), its cache key and whether it has one, its holders (keyed blocks only), and the
+chain of blocks cached under its key, the one lookups return first, then KVCacheManager's
+dups oldest first (links, and for the first, the chain's last), -1 where none."""
+
+(T_START, T_LEN, T_CAP, T_NCACHED, T_FULL, T_SHARED, T_KEYED, T_HASH_LO, T_ADMITTED, T_HITS,
+ T_FIELDS) = range(11)
+"""Per request: its block table (start, length and capacity in the pool), leading blocks
+registered, PagedKV's ``full`` and ``shared``, BlockKeys.shared (leading blocks keyed by
+hash ids) and where its hash ids start, whether it was admitted before, its prefix hits."""
+
+KEY_BLOCKS = 1 << 24
+"""Block indices per key family here: the key of (family, block j) is
+``(family + requests + 1) * KEY_BLOCKS + j``; equal exactly when the pairs are, as
+BlockKeys' keys (which the dict's order never depends on)."""
+
+OK, BAIL_BLOCKS, BAIL_KV = 0, 1, 2
+"""How a replay ends: done; a preemption with prefix caching while keeping block counts only
+(its blocks become findable by key: replay again with block ids); a request that needs more
+blocks than exist (the Python path raises KVCacheError)."""
 
 KNEE = 1024   # schedsim.cost.step_fit.EAGER_KNEE_TOKENS, checked in _cost_params
 LOG_FIELDS = 8
@@ -65,10 +87,18 @@ def replay(policy, requests, cost) -> dict | None:
     params, fparams, coef, graph_sizes, warm = _params(policy, cost)
     if sys.stderr.isatty() and _compiles_first():
         print("schedsim: compiling paged-kv's replay for this machine (once; about half a minute)", file=sys.stderr)
-    out = _KERNEL(params, fparams, coef, graph_sizes, warm,
-                  np.ascontiguousarray(requests.arrival_ns, np.int64),
-                  np.asarray(policy.p.prompt, np.int64), np.asarray(policy.p.output, np.int64))
-    code, state, log, rows, ntok, emits, run_prices, run_counts, preemptions, rej_rows, rej_ns, output, seen = out
+    args = (params, fparams, coef, graph_sizes, warm, np.ascontiguousarray(requests.arrival_ns, np.int64),
+            np.asarray(policy.p.prompt, np.int64), np.asarray(policy.p.output, np.int64),
+            *_keys(policy, requests), np.ascontiguousarray(policy._shared, np.int64), policy.kv.num_blocks)
+    # Block ids matter only where a block can be found by its key: a prefix others share, or
+    # a preempted request's own blocks. Otherwise counts decide alike, at a third of the cost.
+    params[P_BLOCKS] = policy.prefix_caching and bool(policy._shared.any())
+    out = _KERNEL(*args)
+    if out[0] == BAIL_BLOCKS:
+        params[P_BLOCKS] = 1
+        out = _KERNEL(*args)
+    (code, state, log, rows, ntok, emits, run_prices, run_counts, preemptions, rej_rows, rej_ns, output, seen,
+     hits) = out
     if code != OK:
         return None
     log = np.ascontiguousarray(log[:state[S_NLOG]].T)   # one row per field
@@ -83,7 +113,20 @@ def replay(policy, requests, cost) -> dict | None:
             "run_prices": run_prices[:state[S_NRUNS]], "run_counts": run_counts[:state[S_NRUNS]],
             "preemptions": preemptions, "rejected_rows": rej_rows[:state[S_NREJ]],
             "rejected_ns": rej_ns[:state[S_NREJ]], "output": output, "seen_tokens": seen,
-            "beyond": int(state[S_BEYOND])}
+            "beyond": int(state[S_BEYOND]), "prefix_hit_tokens": hits}
+
+
+def _keys(policy, requests) -> tuple:
+    """(hash ids, BlockKeys.shared per request, where each request's hash ids start):
+    what key_of needs to restate BlockKeys."""
+    n = len(requests)
+    if requests.hash_ids is None or not n:
+        return np.zeros(1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    offsets = np.asarray(requests.hash_offsets, np.int64)
+    counts = np.diff(offsets)
+    keyed = np.minimum(requests.input_tokens.astype(np.int64), counts * int(requests.hash_block_tokens))
+    ids = np.asarray(requests.hash_ids, np.int64)
+    return (ids if ids.size else np.zeros(1, np.int64), keyed // policy.block_size, offsets[:-1].copy())
 
 
 def loaded() -> bool:
@@ -103,7 +146,8 @@ def _compiles_first() -> bool:
 
 def covered(policy, cost) -> bool:
     """Whether :func:`replay` covers ``policy``, a PagedKV itself (not a subclass, which may
-    change what it decides: :meth:`PagedKV.replay_compiled` checks), reset, priced by ``cost``."""
+    change what it decides: :meth:`PagedKV.replay_compiled` checks), reset, priced by ``cost``
+    (module docstring)."""
     from schedsim.cost.step_model import StepCostModel
 
     if type(cost) is not StepCostModel:
@@ -111,11 +155,18 @@ def covered(policy, cost) -> bool:
     if (policy.swap or policy.priority or policy.k or policy.max_partial or not policy.DECODE_AFTER
             or policy.waiting or policy.running):
         return False
-    if policy.prefix_caching and policy._shared.any():
-        return False   # keys other requests share: blocks are found by key
+    req = policy.requests
+    if req.hash_ids is not None and len(req.hash_ids):
+        ids = np.asarray(req.hash_ids)
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 1 << 37:
+            return False   # (keys here pack (hash id, block) into 64 bits)
+        if int(req.hash_block_tokens) < 1:
+            return False
+    if policy.max_len // policy.block_size + 2 >= KEY_BLOCKS:
+        return False
     if cost._eager_coef is None or cost._gpu_bound or cost.draft is not None:
         return False
-    if len(policy.requests) >= 1 << 31 or policy.max_num_batched_tokens >= 1 << 31:
+    if len(policy.requests) >= 1 << 30 or policy.max_num_batched_tokens >= 1 << 31:
         return False   # (the step log keeps rows and token counts in 32 bits)
     return cost.block_size == policy.block_size   # (prices here use the policy's block size)
 
@@ -158,6 +209,11 @@ def _params(policy, cost) -> tuple:
     p[P_MAX_MEASURED] = cost.max_context_measured
     p[P_MIN_GRAPH_BLOCKS] = min_graph_blocks
     p[P_FIRST_CALL] = bool(cost.first_call_ns)
+    p[P_TRACKS_FULL] = policy._tracks_full
+    p[P_LOOKUP_EVERY] = policy.LOOKUP_EVERY_ADMISSION
+    p[P_UNHASHED_FIRST] = policy.free_unhashed_first
+    p[P_PER_ID] = int(policy.requests.hash_block_tokens) if policy.requests.hash_ids is not None else 1
+    p[P_N] = len(policy.requests)
     f = np.zeros(F_LEN, np.float64)
     f[F_OVERHEAD] = cost.overhead_ns
     f[F_LOOP_A], f[F_LOOP_B] = cost.loop_ns
@@ -177,6 +233,7 @@ def apply(policy, cost, result: dict) -> None:
     output = result["output"]
     policy.p.output = output.tolist()
     policy._output = output
+    policy.hit_tokens = result["prefix_hit_tokens"]
     if cost.first_call_ns:
         cost.seen_tokens |= set(np.flatnonzero(result["seen_tokens"]).tolist())
     if result["beyond"] >= 0:
@@ -384,6 +441,299 @@ def run_segments(p, f, coef, sizes, S, ctx, nrows, k, counts, prices):
         if top > width:
             width = decode_width(p, sizes, nrows, top)
 
+# --- the block manager (KVCacheManager, block by block) ---
+
+@_njit
+def fq_push_back(B, b):
+    h = B.shape[0] - 1
+    last = B[h, B_PRV]
+    B[last, B_NXT] = b
+    B[b, B_PRV] = last
+    B[b, B_NXT] = h
+    B[h, B_PRV] = b
+
+
+@_njit
+def fq_push_front(B, b):
+    h = B.shape[0] - 1
+    first = B[h, B_NXT]
+    B[first, B_PRV] = b
+    B[b, B_NXT] = first
+    B[b, B_PRV] = h
+    B[h, B_NXT] = b
+
+
+@_njit
+def fq_unlink(B, b):
+    before, after = B[b, B_PRV], B[b, B_NXT]
+    B[before, B_NXT] = after
+    B[after, B_PRV] = before
+
+
+@_njit
+def key_of(p, T, hash_ids, r, j):
+    """BlockKeys(requests, r, block_size)[j], restated (see KEY_BLOCKS)."""
+    if j < T[T_KEYED, r]:
+        family = hash_ids[T[T_HASH_LO, r] + ((j + 1) * p[P_BS] - 1) // p[P_PER_ID]]
+    else:
+        family = -1 - r
+    return (family + p[P_N] + 1) * KEY_BLOCKS + j
+
+
+@_njit
+def mix(key):
+    """A bijection of 64-bit keys (splitmix64's finaliser): consecutive keys spread over the
+    hash table's slots."""
+    z = np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return np.int64(z ^ (z >> np.uint64(31)))
+
+
+@_njit
+def h_slot(H, key):
+    """Where ``key`` is in the open-addressing table H (keys in row 0, -1 empty; linear
+    probing), or -1 - the empty slot where it would go."""
+    mask = H.shape[1] - 1
+    i = mix(key) & mask
+    while H[0, i] != -1:
+        if H[0, i] == key:
+            return i
+        i = (i + 1) & mask
+    return -1 - i
+
+
+@_njit
+def h_get(H, key):
+    i = h_slot(H, key)
+    return H[1, i] if i >= 0 else -1
+
+
+@_njit
+def h_set(H, key, value):
+    i = h_slot(H, key)
+    if i < 0:
+        i = -1 - i
+        H[0, i] = key
+    H[1, i] = value
+
+
+@_njit
+def h_del(H, key):
+    """Remove ``key`` (present), moving later entries of its probe run back (no tombstones)."""
+    mask = H.shape[1] - 1
+    i = h_slot(H, key)
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if H[0, j] == -1:
+            break
+        home = mix(H[0, j]) & mask
+        if (i < home <= j) if i <= j else (i < home or home <= j):
+            continue   # its home lies after the hole: it stays
+        H[0, i], H[1, i] = H[0, j], H[1, j]
+        i = j
+    H[0, i] = -1
+
+
+@_njit
+def uncache(B, H, b, k):
+    """KVCacheManager._uncache: drop block b's key k; the next block with it takes over."""
+    first = h_get(H, k)
+    after = B[b, B_DNXT]
+    if first == b:
+        if after >= 0:
+            h_set(H, k, after)
+            B[after, B_DPRV] = -1
+            B[after, B_DTAIL] = B[b, B_DTAIL]
+        else:
+            h_del(H, k)
+    else:
+        before = B[b, B_DPRV]
+        B[before, B_DNXT] = after
+        if after >= 0:
+            B[after, B_DPRV] = before
+        else:
+            B[first, B_DTAIL] = before
+    B[b, B_DNXT] = B[b, B_DPRV] = B[b, B_DTAIL] = -1
+
+
+@_njit
+def table_reserve(T, pools, S, r, extra):
+    """The pool, with room for ``extra`` more blocks in request r's table (grown, and the
+    pool compacted, as needed)."""
+    pool = pools[0]
+    if T[T_LEN, r] + extra <= T[T_CAP, r]:
+        return pool
+    cap = max(16, 2 * T[T_CAP, r], T[T_LEN, r] + extra)
+    m = T[T_LEN, r]
+    if S[S_POOL_TOP] + cap > pool.shape[0]:   # move every live table down into a fresh pool
+        live = 0
+        for q in range(T.shape[1]):
+            if T[T_CAP, q] and q != r:
+                live += T[T_LEN, q] + 8
+        fresh = np.empty(2 * (live + cap) + (1 << 16), np.int64)
+        top = 0
+        for q in range(T.shape[1]):
+            if T[T_CAP, q] and q != r:
+                k = T[T_LEN, q]
+                fresh[top:top + k] = pool[T[T_START, q]:T[T_START, q] + k]
+                T[T_START, q] = top
+                T[T_CAP, q] = k + 8
+                top += k + 8
+        fresh[top:top + m] = pool[T[T_START, r]:T[T_START, r] + m]
+        S[S_POOL_TOP] = top
+        pools[0] = pool = fresh
+    else:
+        top = S[S_POOL_TOP]
+        pool[top:top + m] = pool[T[T_START, r]:T[T_START, r] + m]
+    T[T_START, r] = S[S_POOL_TOP]
+    S[S_POOL_TOP] += cap
+    T[T_CAP, r] = cap
+    return pool
+
+
+@_njit
+def take(p, B, T, pools, H, S, r, m):
+    """KVCacheManager._take: m blocks from the free queue's head onto r's table; a cached
+    block taken loses its key."""
+    if not p[P_BLOCKS]:   # block counts only
+        S[S_FREE] -= m
+        T[T_LEN, r] += m
+        return
+    pool = table_reserve(T, pools, S, r, m)
+    at = T[T_START, r] + T[T_LEN, r]
+    h = B.shape[0] - 1
+    for i in range(m):
+        b = B[h, B_NXT]
+        fq_unlink(B, b)
+        if B[b, B_KEYED]:
+            B[b, B_KEYED] = 0
+            uncache(B, H, b, B[b, B_KEY])
+        pool[at + i] = b
+    S[S_FREE] -= m
+    T[T_LEN, r] += m
+
+
+@_njit
+def cache_blocks(p, B, T, pools, H, hash_ids, r, num_full):
+    """KVCacheManager.cache_blocks of r's first num_full blocks under BlockKeys(r)."""
+    if not p[P_PREFIX] or not p[P_BLOCKS]:
+        return
+    start = T[T_NCACHED, r]
+    if num_full <= start:
+        return
+    pool = pools[0]
+    base = T[T_START, r]
+    for j in range(start, num_full):
+        b = pool[base + j]
+        k = key_of(p, T, hash_ids, r, j)
+        first = h_get(H, k)
+        if first >= 0:   # another block has the key: this one joins the end of its chain
+            last = B[first, B_DTAIL]
+            B[last, B_DNXT] = b
+            B[b, B_DPRV] = last
+            B[first, B_DTAIL] = b
+        else:
+            h_set(H, k, b)
+            B[b, B_DTAIL] = b
+        B[b, B_KEY] = k
+        B[b, B_KEYED] = 1
+        B[b, B_REF] = 1
+    T[T_NCACHED, r] = num_full
+
+
+@_njit
+def free_blocks(p, B, T, pools, S, r, num_hashed):
+    """KVCacheManager.free(r, num_hashed): blocks reaching no holder go back to the free
+    queue, unkeyed ones past the hashed to its head (free_unhashed_first), the rest to its
+    tail, tail blocks first."""
+    pool = pools[0]
+    base, m, num_cached = T[T_START, r], T[T_LEN, r], T[T_NCACHED, r]
+    T[T_LEN, r] = T[T_CAP, r] = T[T_NCACHED, r] = 0
+    if not p[P_BLOCKS]:
+        S[S_FREE] += m
+        return
+    if not p[P_PREFIX]:
+        if p[P_UNHASHED_FIRST]:
+            for i in range(m):
+                fq_push_front(B, pool[base + i])
+        else:
+            for i in range(m - 1, -1, -1):
+                fq_push_back(B, pool[base + i])
+        S[S_FREE] += m
+        return
+    cut = min(max(num_hashed, num_cached), m) if p[P_UNHASHED_FIRST] else m
+    for i in range(cut, m):
+        fq_push_front(B, pool[base + i])
+    S[S_FREE] += m - cut
+    shared = S[S_NSHARED]
+    for i in range(cut - 1, -1, -1):
+        b = pool[base + i]
+        if i < num_cached:
+            refs = B[b, B_REF]
+            B[b, B_REF] = refs - 1 if shared else 0
+            if shared and refs == 2:
+                S[S_NSHARED] -= 1
+            if shared and refs != 1:
+                continue   # still held by another request
+        fq_push_back(B, b)
+        S[S_FREE] += 1
+
+
+@_njit
+def allocate_new(p, B, T, pools, H, hash_ids, S, r, num_tokens, hits, mark, full_tokens):
+    """KVCacheManager.allocate for a request with no blocks: the new blocks taken; -1 where
+    they do not fit (nothing changed); -2 where it needs more blocks than exist."""
+    bs = p[P_BS]
+    total = ceil_div(num_tokens, bs)
+    if total > p[P_USABLE]:
+        return -2
+    nhit = hits // bs
+    evictable = 0
+    for j in range(nhit):
+        if B[h_get(H, key_of(p, T, hash_ids, r, j)), B_REF] == 0:
+            evictable += 1
+    need = total - nhit
+    whole = max(total, ceil_div(full_tokens, bs))
+    if whole > p[P_USABLE] or whole - nhit + evictable + mark > S[S_FREE]:
+        return -1
+    for j in range(nhit):
+        b = h_get(H, key_of(p, T, hash_ids, r, j))
+        refs = B[b, B_REF]
+        if refs == 0:   # free, still cached: out of the queue's middle
+            fq_unlink(B, b)
+            S[S_FREE] -= 1
+        elif refs == 1:
+            S[S_NSHARED] += 1
+        B[b, B_REF] = refs + 1
+        pool = table_reserve(T, pools, S, r, 1)
+        pool[T[T_START, r] + T[T_LEN, r]] = b
+        T[T_LEN, r] += 1
+    take(p, B, T, pools, H, S, r, need)
+    T[T_NCACHED, r] = nhit
+    return need
+
+
+@_njit
+def computed_prefix(p, T, H, hash_ids, r, known):
+    """KVCacheManager.computed_prefix of r's keys: cached tokens, at most known - 1."""
+    limit = (known - 1) // p[P_BS]
+    j = 0
+    while j < limit and h_slot(H, key_of(p, T, hash_ids, r, j)) >= 0:
+        j += 1
+    return j * p[P_BS]
+
+
+@_njit
+def cache_full_blocks(p, B, T, pools, H, hash_ids, r, num_full):
+    """PagedKV._cache_full_blocks: registers only the leading blocks others may share."""
+    if num_full > T[T_FULL, r]:
+        T[T_FULL, r] = num_full
+        if T[T_SHARED, r]:
+            cache_blocks(p, B, T, pools, H, hash_ids, r, min(num_full, T[T_SHARED, r]))
+
+
 # --- the policy ---
 
 @_njit
@@ -432,14 +782,48 @@ def repeat_horizon(p, S, output, generated, rows, ctx, nrows, most, free):
     return lo
 
 @_njit
-def schedule_once(p, S, prompt, output, computed, generated, cap, held, running, waiting,
-                  rows, ntok, ctx, emit, nrows, pre, npre, info):
+def preempt(p, B, T, pools, H, hash_ids, S, computed, cap, waiting, victim):
+    """PagedKV._preempt, recompute: its full blocks cached under its keys, then freed; False
+    where that needs block ids the replay does not keep (BAIL_BLOCKS)."""
+    if p[P_PREFIX] and not p[P_BLOCKS]:
+        return False
+    S[S_PREEMPTIONS] += 1
+    full = computed[victim] // p[P_BS]
+    cache_blocks(p, B, T, pools, H, hash_ids, victim, full)
+    free_blocks(p, B, T, pools, S, victim, full)
+    cap[victim] = 0
+    computed[victim] = 0
+    S[S_WHEAD] -= 1
+    waiting[S[S_WHEAD]] = victim
+    return True
+
+
+@_njit
+def until_new_shared_keys(p, T, rows, ctx, nrows, horizon):
+    """PagedKV._until_new_shared_keys."""
+    bs = p[P_BS]
+    for j in range(nrows):
+        r = rows[j]
+        if T[T_SHARED, r] > T[T_FULL, r]:
+            k = (-ctx[j]) % bs
+            if k == 0:
+                k = bs
+            if k == 1:
+                k += bs
+            horizon = min(horizon, k - 1)
+    return max(horizon, 1)
+
+
+@_njit
+def schedule_once(p, B, T, pools, H, hash_ids, S, prompt, output, computed, generated, cap,
+                  running, waiting, rows, ntok, ctx, emit, nrows, pre, npre, info):
     """PagedKV._schedule_once (row by row) appending to rows.. from nrows and pre from npre;
     info: [nrows, npre, all_running, admitted, repeat, then_repeat, then_need, code]."""
     bs = p[P_BS]
     usable = p[P_USABLE]
     budget = p[P_BUDGET]
     threshold = p[P_THRESHOLD]
+    tracks_full = p[P_TRACKS_FULL]
     first_row = nrows
     first_pre = npre
     running_at_start = S[S_NRUN]
@@ -457,30 +841,22 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
         if end > cap[r]:
             grown = False
             while True:
-                need = ceil_div(end, bs) - held[r]
+                need = ceil_div(end, bs) - T[T_LEN, r]
                 if need <= 0:
                     grown = True
                     break
                 if need <= S[S_FREE]:
-                    S[S_FREE] -= need
-                    held[r] += need
+                    take(p, B, T, pools, H, S, r, need)
                     grown = True
                     break
-                if need + held[r] > usable:
+                if need + T[T_LEN, r] > usable:
                     info[7] = BAIL_KV
                     return
                 S[S_NRUN] -= 1
                 victim = running[S[S_NRUN]]
-                if p[P_PREFIX]:
-                    info[7] = BAIL_PREFIX
+                if not preempt(p, B, T, pools, H, hash_ids, S, computed, cap, waiting, victim):
+                    info[7] = BAIL_BLOCKS
                     return
-                S[S_PREEMPTIONS] += 1
-                S[S_FREE] += held[victim]
-                held[victim] = 0
-                cap[victim] = 0
-                computed[victim] = 0
-                S[S_WHEAD] -= 1
-                waiting[S[S_WHEAD]] = victim
                 pre[npre] = victim
                 npre += 1
                 if victim == r:
@@ -488,6 +864,8 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
             if grown:
                 cap[r] = ceil_div(end, bs) * bs
         if end <= cap[r]:
+            if tracks_full and end // bs > c // bs:   # (only verified tokens are cached)
+                cache_full_blocks(p, B, T, pools, H, hash_ids, r, min(end, known) // bs)
             rows[nrows], ntok[nrows], ctx[nrows], emit[nrows] = r, n, c, end >= known
             nrows += 1
             budget -= n
@@ -500,7 +878,13 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
         while S[S_WTAIL] > S[S_WHEAD] and budget > 0 and S[S_NRUN] < p[P_MAX_SEQS]:
             r = waiting[S[S_WHEAD]]
             known = prompt[r] + generated[r]
-            n = known
+            hits = 0
+            if p[P_PREFIX]:
+                first = not T[T_ADMITTED, r]
+                # A first admission with only its own keys looks up none (none is cached).
+                if p[P_LOOKUP_EVERY] or not first or T[T_SHARED, r]:
+                    hits = computed_prefix(p, T, H, hash_ids, r, known)
+            n = known - hits
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -508,21 +892,26 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
                     break
                 n = budget
             mark = p[P_WATERMARK] if S[S_NRUN] or not p[P_MARK_RUNNING] else 0
-            total = ceil_div(n, bs)
-            if total > usable:
+            got = allocate_new(p, B, T, pools, H, hash_ids, S, r, hits + n, hits, mark,
+                               known if p[P_FULL_ISL] else 0)
+            if got == -2:
                 info[7] = BAIL_KV
                 return
-            whole = max(total, ceil_div(known, bs) if p[P_FULL_ISL] else 0)
-            if whole > usable or whole + mark > S[S_FREE]:
+            if got < 0:
                 break
-            S[S_FREE] -= total
-            held[r] = total
+            if p[P_PREFIX]:
+                T[T_FULL, r] = hits // bs
+                if (hits + n) // bs > hits // bs:
+                    cache_full_blocks(p, B, T, pools, H, hash_ids, r, (hits + n) // bs)
             S[S_WHEAD] += 1
             running[S[S_NRUN]] = r
             S[S_NRUN] += 1
-            computed[r] = 0
-            cap[r] = total * bs
-            rows[nrows], ntok[nrows], ctx[nrows], emit[nrows] = r, n, 0, n == known
+            computed[r] = hits
+            cap[r] = ceil_div(hits + n, bs) * bs
+            if not T[T_ADMITTED, r]:
+                T[T_ADMITTED, r] = 1
+                T[T_HITS, r] = hits
+            rows[nrows], ntok[nrows], ctx[nrows], emit[nrows] = r, n, hits, hits + n == known
             nrows += 1
             budget -= n
             admitted = True
@@ -540,12 +929,14 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
                 most = min(most, output[rows[j]] - generated[rows[j]])
             repeat = repeat_horizon(p, S, output, generated, rows[first_row:], ctx[first_row:], mine, most,
                                     S[S_FREE])
+            if repeat > 1 and p[P_FULL_ISL] and tracks_full and S[S_WTAIL] > S[S_WHEAD]:
+                repeat = until_new_shared_keys(p, T, rows[first_row:], ctx[first_row:], mine, repeat)
     info[0], info[1], info[2], info[3], info[4] = nrows, npre, all_running, admitted, repeat
     info[5] = info[6] = 0
     # Step.then: the decode run after a step of a few rows, all emitting, nothing waiting.
     if (npre == first_pre and p[P_DECODE_AFTER] and running_at_start < p[P_VECTOR_ROWS] and repeat == 1
-            and all_running and S[S_WTAIL] == S[S_WHEAD] and mine and mine < p[P_VECTOR_ROWS]
-            and mine <= p[P_BUDGET]):
+            and not tracks_full and all_running and S[S_WTAIL] == S[S_WHEAD] and mine
+            and mine < p[P_VECTOR_ROWS] and mine <= p[P_BUDGET]):
         for j in range(first_row, nrows):
             if not emit[j]:
                 return
@@ -567,20 +958,42 @@ def schedule_once(p, S, prompt, output, computed, generated, cap, held, running,
         if then_repeat >= 2:
             info[5], info[6] = then_repeat, need
 
+
 @_njit
-def step_done(p, S, output, computed, generated, cap, held, running, rows, ntok, ctx, emit, nrows, repeats):
+def step_done(p, B, T, pools, H, hash_ids, S, output, computed, generated, cap, running,
+              rows, ntok, ctx, emit, nrows, repeats, cycle):
     """PagedKV.on_step_done of a step without Step.then (row by row)."""
     bs = p[P_BS]
     if repeats > 1:
+        # _replay_allocations: the blocks steps 2.. took, one at a time in step order: a round
+        # robin over the rows ordered (stably) by the step at which each first opens a block.
+        rounds, rest = divmod(repeats - 1, bs)
+        total = rounds * nrows
+        k = 0
+        for first in range(1, bs + 1):
+            for j in range(nrows):
+                f = (-ctx[j]) % bs
+                if f == 0:
+                    f = bs
+                if f == first:
+                    cycle[k] = rows[j]
+                    k += 1
+                    if f <= rest:
+                        total += 1
+        for t in range(total):
+            take(p, B, T, pools, H, S, cycle[t % nrows], 1)
         for j in range(nrows):
             r = rows[j]
-            grow = ceil_div(ctx[j] + repeats, bs) - ceil_div(ctx[j] + 1, bs)
-            S[S_FREE] -= grow
-            held[r] += grow
             c = computed[r] = computed[r] + repeats
             generated[r] += repeats
             if c > cap[r]:
                 cap[r] = ceil_div(c, bs) * bs
+        if p[P_TRACKS_FULL]:   # what the run's steps registered one by one
+            for j in range(nrows):
+                r = rows[j]
+                c = computed[r]
+                if c // bs > T[T_FULL, r] and c // bs > (c - repeats) // bs and generated[r] < output[r]:
+                    cache_full_blocks(p, B, T, pools, H, hash_ids, r, c // bs)
     else:
         for j in range(nrows):
             r = rows[j]
@@ -592,8 +1005,9 @@ def step_done(p, S, output, computed, generated, cap, held, running, rows, ntok,
         r = rows[j]
         if generated[r] >= output[r]:
             finished += 1
-            S[S_FREE] += held[r]
-            held[r] = 0
+            if p[P_PREFIX]:
+                cache_full_blocks(p, B, T, pools, H, hash_ids, r, computed[r] // bs)
+            free_blocks(p, B, T, pools, S, r, T[T_FULL, r])
             cap[r] = 0
     if finished:
         k = 0
@@ -603,6 +1017,7 @@ def step_done(p, S, output, computed, generated, cap, held, running, rows, ntok,
                 running[k] = r
                 k += 1
         S[S_NRUN] = k
+
 
 @_njit
 def grow_i8(a, need):
@@ -692,7 +1107,7 @@ def run_decode(p, f, coef, sizes, S, arrivals, prompt, output, waiting, toolong,
     return taken, total, price, run_prices, run_counts, counts, prices
 
 @_njit
-def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output):
+def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed, hash_lo, shared, num_blocks):
     n = arrival_ns.shape[0]
     output = output.copy()
     bs = p[P_BS]
@@ -707,7 +1122,26 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output):
     computed = np.zeros(n, np.int64)
     generated = np.zeros(n, np.int64)
     cap = np.zeros(n, np.int64)
-    held = np.zeros(n, np.int64)
+    # The block manager: every block but the null one (0) free, in order.
+    B = np.full((num_blocks + 1, B_LEN), -1, np.int64)   # (a block's fields in one or two cache lines)
+    B[:, B_KEYED] = 0
+    B[:, B_REF] = 0
+    h = num_blocks   # the free queue's sentinel
+    for b in range(1, num_blocks):
+        B[b, B_NXT], B[b, B_PRV] = b + 1, b - 1
+    B[h, B_NXT], B[h, B_PRV] = 1, num_blocks - 1
+    B[num_blocks - 1, B_NXT], B[1, B_PRV] = h, h
+    T = np.zeros((T_FIELDS, n), np.int64)
+    T[T_KEYED] = keyed
+    T[T_HASH_LO] = hash_lo
+    T[T_SHARED] = shared
+    pools = List()
+    pools.append(np.empty(1 << 16, np.int64))
+    size = 1024
+    while size < 2 * num_blocks + 16:   # (at most one cached key per block: half full at most)
+        size *= 2
+    H = np.full((2, size), -1, np.int64)
+    cycle = np.zeros(n + 1, np.int64)
     running = np.zeros(n + 1, np.int64)
     waiting = np.zeros(2 * n + 2, np.int64)
     toolong = np.zeros(n + 1, np.int64)
@@ -740,8 +1174,8 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output):
         nrows = npre = 0
         while True:
             info[7] = OK
-            schedule_once(p, S, prompt, output, computed, generated, cap, held, running, waiting,
-                          rows, ntok, ctx, emit, nrows, pre, npre, info)
+            schedule_once(p, B, T, pools, H, hash_ids, S, prompt, output, computed,
+                          generated, cap, running, waiting, rows, ntok, ctx, emit, nrows, pre, npre, info)
             if info[7] != OK:
                 code = info[7]
                 break
@@ -823,26 +1257,26 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output):
         now += total
         # PagedKV.on_step_done
         if more:
-            step_done(p, S, output, computed, generated, cap, held, running, rows, ntok, ctx, emit, nrows, 1)
+            step_done(p, B, T, pools, H, hash_ids, S, output, computed, generated, cap, running,
+                      rows, ntok, ctx, emit, nrows, 1, cycle)
             for j in range(nrows):   # _take_first_blocks
                 r = rows[j]
                 c = ctx[j] + ntok[j]
                 if c + 1 > cap[r]:
-                    grow = ceil_div(c + 1, bs) - held[r]
+                    grow = ceil_div(c + 1, bs) - T[T_LEN, r]
                     if grow > 0:
-                        S[S_FREE] -= grow
-                        held[r] += grow
+                        take(p, B, T, pools, H, S, r, grow)
                     cap[r] = ceil_div(c + 1, bs) * bs
                 ctx[j] = c
                 ntok[j] = 1
                 emit[j] = True
-            step_done(p, S, output, computed, generated, cap, held, running, rows, ntok, ctx, emit, nrows,
-                      repeats - 1)
+            step_done(p, B, T, pools, H, hash_ids, S, output, computed, generated, cap, running,
+                      rows, ntok, ctx, emit, nrows, repeats - 1, cycle)
         else:
-            step_done(p, S, output, computed, generated, cap, held, running, rows, ntok, ctx, emit, nrows,
-                      repeats)
+            step_done(p, B, T, pools, H, hash_ids, S, output, computed, generated, cap, running,
+                      rows, ntok, ctx, emit, nrows, repeats, cycle)
     return (code, S, log, col_rows, col_ntok, col_emit, run_prices, run_counts, preemptions, rej_rows, rej_ns,
-            output, seen)
+            output, seen, T[T_HITS].astype(np.int32))
 
 
 @_njit

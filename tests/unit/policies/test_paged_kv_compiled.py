@@ -95,7 +95,18 @@ def traces(draw):
     gaps = draw(st.lists(st.floats(0.0, 0.2), min_size=n, max_size=n))
     prompt = draw(st.lists(st.integers(1, 700), min_size=n, max_size=n))
     output = draw(st.lists(st.integers(1, 200), min_size=n, max_size=n))
-    return llm_requests(np.cumsum(gaps), prompt, output)
+    if not draw(st.booleans()):
+        return llm_requests(np.cumsum(gaps), prompt, output)
+    # Prefix hash ids, as Mooncake's: requests of one family share their first ids (a common
+    # prefix), then have their own; 48 tokens an id is not a whole number of blocks.
+    per_id = draw(st.sampled_from([16, 32, 48]))
+    hash_ids = []
+    for i in range(n):
+        ids = -(-prompt[i] // per_id)
+        family, common = draw(st.integers(0, 3)), draw(st.integers(0, ids))
+        own = [10_000 * (i + 1) + j for j in range(ids - common)]
+        hash_ids.append([family * 1000 + j for j in range(common)] + own)
+    return llm_requests(np.cumsum(gaps), prompt, output, hash_ids=hash_ids, hash_block_tokens=per_id)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,21 +175,39 @@ def test_replay_runs_where_covered_and_counts_preemptions():
     assert fast.stats["preemptions"] > 10
 
 
-def test_preemption_with_prefix_caching_runs_in_python():
-    """Preempted blocks become findable by key: the replay stops and the Python path runs."""
+def test_preemption_with_prefix_caching_replays_block_ids():
+    """Preempted blocks become findable by key: counts no longer decide, and the replay runs
+    again keeping block ids, prefix cache and free queue, as the block manager does."""
     req = _busy_trace()
     policy = PagedKV(num_gpu_blocks=120)
     policy.reset(req)
-    assert paged_kv_compiled.replay(policy, req, _cost()) is None
+    replayed = paged_kv_compiled.replay(policy, req, _cost())
+    assert replayed is not None and replayed["state"][paged_kv_compiled.S_PREEMPTIONS] > 10
     fast, *_ = _run(req, dict(num_gpu_blocks=120), {}, True)
     slow, *_ = _run(req, dict(num_gpu_blocks=120), {}, False)
     _assert_same(fast, slow)
     assert fast.stats["preemptions"] > 0
 
 
-@pytest.mark.parametrize("case", ["shared keys", "linear cost", "priority", "swap", "subclass"])
+def test_shared_prefixes_under_pressure():
+    """Mooncake-like shared prefixes in a small cache: hits, evictions of cached blocks, blocks
+    held by several requests, preemptions, all as the block manager has them."""
+    rng = np.random.default_rng(5)
+    n = 200
+    prompt = rng.integers(100, 1200, n)
+    hash_ids = [[int(f) * 1000 + j for j in range(-(-int(p) // 64))]
+                for f, p in zip(rng.integers(0, 4, n), prompt)]
+    req = llm_requests(np.cumsum(rng.exponential(0.02, n)), prompt, rng.integers(5, 200, n),
+                       hash_ids=hash_ids, hash_block_tokens=64)
+    params = dict(num_gpu_blocks=400)
+    fast, *_ = _run(req, params, {}, True)
+    slow, *_ = _run(req, params, {}, False)
+    _assert_same(fast, slow)
+    assert fast.prefix_hit_tokens.sum() > 0 and fast.stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("case", ["linear cost", "priority", "swap", "subclass"])
 def test_not_covered(case):
-    req = llm_requests([0.0, 0.1], [600, 600], [5, 5], hash_ids=[[1, 2], [1, 3]])
     params, cost = {}, _cost()
     if case == "linear cost":
         cost = LinearCost()
@@ -192,7 +221,7 @@ def test_not_covered(case):
         assert paged_kv_compiled.covered(policy, cost) and policy.replay_compiled(policy.requests, cost) is None
         return
     policy = PagedKV(**params)
-    policy.reset(req if case == "shared keys" else llm_requests([0.0, 0.1], [600, 600], [5, 5]))
+    policy.reset(llm_requests([0.0, 0.1], [600, 600], [5, 5]))
     assert not paged_kv_compiled.covered(policy, cost)
     assert policy.replay_compiled(policy.requests, cost) is None
 
