@@ -86,7 +86,7 @@ def replay(policy, requests, cost) -> dict | None:
         return None
     params, fparams, coef, graph_sizes, warm = _params(policy, cost)
     if sys.stderr.isatty() and _compiles_first():
-        print("schedsim: compiling paged-kv's replay for this machine (once; about half a minute)", file=sys.stderr)
+        print("schedsim: compiling paged-kv's replay for this machine (once; under a minute)", file=sys.stderr)
     args = (params, fparams, coef, graph_sizes, warm, np.ascontiguousarray(requests.arrival_ns, np.int64),
             np.asarray(policy.p.prompt, np.int64), np.asarray(policy.p.output, np.int64),
             *_keys(policy, requests), np.ascontiguousarray(policy._shared, np.int64), policy.kv.num_blocks)
@@ -1123,14 +1123,16 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed,
     generated = np.zeros(n, np.int64)
     cap = np.zeros(n, np.int64)
     # The block manager: every block but the null one (0) free, in order.
-    B = np.full((num_blocks + 1, B_LEN), -1, np.int64)   # (a block's fields in one or two cache lines)
+    # (Counts only: no block is ever looked at, and a short run need not fault in 26 MB.)
+    listed = num_blocks if p[P_BLOCKS] else 2
+    B = np.full((listed + 1, B_LEN), -1, np.int64)   # (a block's fields in one or two cache lines)
     B[:, B_KEYED] = 0
     B[:, B_REF] = 0
-    h = num_blocks   # the free queue's sentinel
-    for b in range(1, num_blocks):
+    h = listed   # the free queue's sentinel
+    for b in range(1, listed):
         B[b, B_NXT], B[b, B_PRV] = b + 1, b - 1
-    B[h, B_NXT], B[h, B_PRV] = 1, num_blocks - 1
-    B[num_blocks - 1, B_NXT], B[1, B_PRV] = h, h
+    B[h, B_NXT], B[h, B_PRV] = 1, listed - 1
+    B[listed - 1, B_NXT], B[1, B_PRV] = h, h
     T = np.zeros((T_FIELDS, n), np.int64)
     T[T_KEYED] = keyed
     T[T_HASH_LO] = hash_lo
@@ -1138,7 +1140,7 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed,
     pools = List()
     pools.append(np.empty(1 << 16, np.int64))
     size = 1024
-    while size < 2 * num_blocks + 16:   # (at most one cached key per block: half full at most)
+    while size < 2 * listed + 16:   # (at most one cached key per block: half full at most)
         size *= 2
     H = np.full((2, size), -1, np.int64)
     cycle = np.zeros(n + 1, np.int64)
