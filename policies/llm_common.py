@@ -162,8 +162,18 @@ def shareable_blocks(requests: Requests, block_size: int) -> np.ndarray:
     last = np.full(n, -1, np.int64)
     np.maximum.at(last, owner[common], pos[common])
     per_id = int(requests.hash_block_tokens)
-    keyed = np.minimum(requests.input_tokens.astype(np.int64), counts * per_id) // block_size
-    return np.minimum(keyed, (last + 1) * per_id // block_size)
+    return np.minimum(hash_keyed_blocks(requests, block_size), (last + 1) * per_id // block_size)
+
+
+def hash_keyed_blocks(requests: Requests, block_size: int) -> np.ndarray:
+    """int64 per request: :attr:`BlockKeys.shared`, the leading blocks its hash ids key
+    (those wholly inside both its prompt and the tokens its ids cover); zeros without hash ids."""
+    n = len(requests)
+    if requests.hash_ids is None or not n:
+        return np.zeros(n, np.int64)
+    counts = np.diff(np.asarray(requests.hash_offsets, np.int64))
+    covered = counts * int(requests.hash_block_tokens)
+    return np.minimum(requests.input_tokens.astype(np.int64), covered) // block_size
 
 
 def make_step(rows: list, num_tokens: list, context: list, emits: list, **fields) -> Step:

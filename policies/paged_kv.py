@@ -544,7 +544,7 @@ class PagedKV(LLMPolicy):
     it can (:mod:`policies.paged_kv_compiled`: the same results, bit for bit); False runs it here."""
     COMPILED_FROM = 5000
     """Requests from which a run is replayed compiled while the replay is not loaded yet in
-    this process: loading it (numba and its cached machine code) takes about 0.7 s, what this
+    this process: loading it (numba and its cached machine code) takes 0.5-0.8 s, what this
     path spends on some 5,000 requests."""
 
     def replay_compiled(self, requests, cost) -> dict | None:
@@ -552,8 +552,8 @@ class PagedKV(LLMPolicy):
         where the replay does not cover these settings (nothing changed then)."""
         if not self.COMPILED or type(self) is not PagedKV:   # (a subclass may decide otherwise)
             return None
-        loaded = sys.modules.get("policies.paged_kv_compiled")
-        if len(requests) < self.COMPILED_FROM and not (loaded is not None and loaded.loaded()):
+        module = sys.modules.get("policies.paged_kv_compiled")
+        if len(requests) < self.COMPILED_FROM and not (module is not None and module.loaded()):
             return None
         from policies import paged_kv_compiled   # (lazy: numba takes 0.3 s to import)
 

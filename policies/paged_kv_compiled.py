@@ -28,7 +28,10 @@ import sys
 
 import numpy as np
 
+from policies.llm_common import hash_keyed_blocks
 from schedsim.core.policy import NEVER
+from schedsim.cost.llm_shapes import MIN_GRAPH_CONTEXT_BLOCKS
+from schedsim.cost.step_fit import EAGER_KNEE_TOKENS, GRAPH_CLASSES, GRAPH_TERMS, KV_STEPS_PER_OCTAVE
 
 try:
     import numba
@@ -40,8 +43,8 @@ except ImportError:   # pragma: no cover - numba is a dependency; a stripped ins
 
 (P_BS, P_BUDGET, P_MAX_SEQS, P_THRESHOLD, P_CHUNKED, P_PREFIX, P_FULL_ISL, P_WATERMARK, P_MARK_RUNNING,
  P_CAPS, P_MAX_LEN, P_MAX_TOKENS_GPU, P_USABLE, P_DECODE_AFTER, P_VECTOR_ROWS, P_ASYNC, P_GRAPHS,
- P_REAL_KV, P_SERIAL, P_KV_HEADS, P_SPLIT_CTAS, P_MIN_SPLIT, P_WAVE, P_MAX_MEASURED, P_MIN_GRAPH_BLOCKS,
- P_FIRST_CALL, P_TRACKS_FULL, P_LOOKUP_EVERY, P_UNHASHED_FIRST, P_PER_ID, P_N, P_BLOCKS, P_LEN) = range(33)
+ P_REAL_KV, P_SERIAL, P_KV_HEADS, P_SPLIT_CTAS, P_MIN_SPLIT, P_WAVE, P_MAX_MEASURED,
+ P_FIRST_CALL, P_TRACKS_FULL, P_LOOKUP_EVERY, P_UNHASHED_FIRST, P_PER_ID, P_N, P_BLOCKS, P_LEN) = range(32)
 """Integer parameters of the policy and the cost model."""
 
 (F_OVERHEAD, F_LOOP_A, F_LOOP_B, F_FIRST_CALL, F_LEN) = range(5)
@@ -74,8 +77,10 @@ OK, BAIL_BLOCKS, BAIL_KV = 0, 1, 2
 (its blocks become findable by key: replay again with block ids); a request that needs more
 blocks than exist (the Python path raises KVCacheError)."""
 
-KNEE = 1024   # schedsim.cost.step_fit.EAGER_KNEE_TOKENS, checked in _cost_params
 LOG_FIELDS = 8
+EAGER_TERMS = 9
+"""eager_features' terms before the optional ones (serial keys, real KV): step_fit.FEATURES
+holds GRAPH_TERMS graph features, then these."""
 
 
 def replay(policy, requests, cost) -> dict | None:
@@ -91,7 +96,7 @@ def replay(policy, requests, cost) -> dict | None:
             np.asarray(policy.p.prompt, np.int64), np.asarray(policy.p.output, np.int64),
             *_keys(policy, requests), np.ascontiguousarray(policy._shared, np.int64), policy.kv.num_blocks)
     # Block ids matter only where a block can be found by its key: a prefix others share, or
-    # a preempted request's own blocks. Otherwise counts decide alike, at a third of the cost.
+    # a preempted request's own blocks. Otherwise counts decide alike, at about half the cost.
     params[P_BLOCKS] = policy.prefix_caching and bool(policy._shared.any())
     out = _KERNEL(*args)
     if out[0] == BAIL_BLOCKS:
@@ -122,11 +127,9 @@ def _keys(policy, requests) -> tuple:
     n = len(requests)
     if requests.hash_ids is None or not n:
         return np.zeros(1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-    offsets = np.asarray(requests.hash_offsets, np.int64)
-    counts = np.diff(offsets)
-    keyed = np.minimum(requests.input_tokens.astype(np.int64), counts * int(requests.hash_block_tokens))
     ids = np.asarray(requests.hash_ids, np.int64)
-    return (ids if ids.size else np.zeros(1, np.int64), keyed // policy.block_size, offsets[:-1].copy())
+    return (ids if ids.size else np.zeros(1, np.int64), hash_keyed_blocks(requests, policy.block_size),
+            np.asarray(requests.hash_offsets[:-1], np.int64))
 
 
 def loaded() -> bool:
@@ -171,18 +174,8 @@ def covered(policy, cost) -> bool:
     return cost.block_size == policy.block_size   # (prices here use the policy's block size)
 
 
-def _cost_params(cost) -> tuple:
-    from schedsim.cost.llm_shapes import MIN_GRAPH_CONTEXT_BLOCKS
-    from schedsim.cost.step_fit import EAGER_KNEE_TOKENS
-
-    if EAGER_KNEE_TOKENS != KNEE:
-        raise AssertionError("paged_kv_compiled.KNEE differs from step_fit.EAGER_KNEE_TOKENS")
-    att = cost._attention
-    return att, MIN_GRAPH_CONTEXT_BLOCKS
-
-
 def _params(policy, cost) -> tuple:
-    att, min_graph_blocks = _cost_params(cost)
+    att = cost._attention
     p = np.zeros(P_LEN, np.int64)
     p[P_BS] = policy.block_size
     p[P_BUDGET] = policy.max_num_batched_tokens
@@ -207,7 +200,6 @@ def _params(policy, cost) -> tuple:
         p[P_KV_HEADS], p[P_SPLIT_CTAS], p[P_MIN_SPLIT] = att.kv_heads, att.split_ctas, att.min_split_blocks
         p[P_WAVE] = att.multiprocessors * att.blocks_per_multiprocessor
     p[P_MAX_MEASURED] = cost.max_context_measured
-    p[P_MIN_GRAPH_BLOCKS] = min_graph_blocks
     p[P_FIRST_CALL] = bool(cost.first_call_ns)
     p[P_TRACKS_FULL] = policy._tracks_full
     p[P_LOOKUP_EVERY] = policy.LOOKUP_EVERY_ADMISSION
@@ -245,7 +237,6 @@ def apply(policy, cost, result: dict) -> None:
 _njit = numba.njit(cache=True, nogil=True) if numba is not None else (lambda f: f)
 
 
-
 @_njit
 def bit_length(x):
     b = 0
@@ -254,9 +245,11 @@ def bit_length(x):
         b += 1
     return b
 
+
 @_njit
 def ceil_div(a, b):
     return -(-a // b)
+
 
 @_njit
 def graph_batch(n, sizes, ngraphs):
@@ -265,13 +258,15 @@ def graph_batch(n, sizes, ngraphs):
             return sizes[i]
     return 0
 
+
 @_njit
 def decode_width(p, sizes, n, top):
     bs = p[P_BS]
     if p[P_GRAPHS] and graph_batch(n, sizes, p[P_GRAPHS]):
         blocks = max(ceil_div(top, bs), 1)
-        return max(p[P_MIN_GRAPH_BLOCKS], 1 << bit_length(blocks - 1)) * bs
+        return max(MIN_GRAPH_CONTEXT_BLOCKS, 1 << bit_length(blocks - 1)) * bs
     return ceil_div(top, bs) * bs
+
 
 @_njit
 def serial_keys(p, decodes, width):
@@ -285,9 +280,11 @@ def serial_keys(p, decodes, width):
             s *= 2
     return ceil_div(decodes * p[P_KV_HEADS] * s, p[P_WAVE]) * (width // s)
 
+
 @_njit
 def kv_quantum(mean, bs):
-    return max((1 << bit_length(mean - 1)) // 8, bs)
+    return max((1 << bit_length(mean - 1)) // KV_STEPS_PER_OCTAVE, bs)
+
 
 @_njit
 def real_kv_tokens(decodes, kv, bs):
@@ -297,9 +294,11 @@ def real_kv_tokens(decodes, kv, bs):
     q = kv_quantum(mean, bs)
     return decodes * (ceil_div(mean, q) * q)
 
+
 @_njit
 def loop_ns(f, rows):
     return f[F_LOOP_A] + f[F_LOOP_B] * rows
+
 
 @_njit
 def decode_ms_padded(p, coef, sizes, n, width):
@@ -310,28 +309,29 @@ def decode_ms_padded(p, coef, sizes, n, width):
         t = t + coef[0] * 1
         t = t + coef[1] * padded
         gathered = padded * width
-        bounds = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
         i = 2
-        for lo, hi in bounds:
+        for lo, hi in GRAPH_CLASSES:
             t = t + coef[i] * (gathered * ((padded >= lo) * (padded <= hi)))
             i += 1
-        for j in range(9):   # the eager features, all zero
+        for j in range(EAGER_TERMS):   # the eager features, all zero
             t = t + coef[i + j] * 0
         return t
-    for i in range(10):   # the graph features, all zero
+    for i in range(GRAPH_TERMS):   # the graph features, all zero
         t = t + coef[i] * 0
-    t = t + coef[10] * 1
-    t = t + coef[11] * n
-    t = t + coef[12] * 0
-    t = t + coef[13] * 0
-    t = t + coef[14] * 0
-    t = t + coef[15] * n
-    t = t + coef[16] * (n * width)
-    t = t + coef[17] * (1 if n > 0 else 0)
-    t = t + coef[18] * ((n - KNEE) if n > KNEE else 0)
+    e = GRAPH_TERMS
+    t = t + coef[e] * 1
+    t = t + coef[e + 1] * n
+    t = t + coef[e + 2] * 0
+    t = t + coef[e + 3] * 0
+    t = t + coef[e + 4] * 0
+    t = t + coef[e + 5] * n
+    t = t + coef[e + 6] * (n * width)
+    t = t + coef[e + 7] * (1 if n > 0 else 0)
+    t = t + coef[e + 8] * ((n - EAGER_KNEE_TOKENS) if n > EAGER_KNEE_TOKENS else 0)
     if p[P_SERIAL]:
-        t = t + coef[19] * serial_keys(p, n, width)
+        t = t + coef[e + EAGER_TERMS] * serial_keys(p, n, width)
     return t
+
 
 @_njit
 def decode_x(p, f, coef, sizes, n, width, real):
@@ -340,10 +340,12 @@ def decode_x(p, f, coef, sizes, n, width, real):
         t = t + coef[coef.shape[0] - 1] * real
     return t * 1e6 + f[F_OVERHEAD] + loop_ns(f, n)
 
+
 @_njit
 def beyond(S, p, top):
     if top > p[P_MAX_MEASURED] and S[S_BEYOND] < 0:
         S[S_BEYOND] = top
+
 
 @_njit
 def step_ns(p, f, coef, sizes, S, seen, ntok, ctx, nrows):
@@ -372,17 +374,18 @@ def step_ns(p, f, coef, sizes, S, seen, ntok, ctx, nrows):
         top = max(top, dmax)
         beyond(S, p, top)
         # combine(eager_coef, eager_features(1, ...)): the coefficients past the graph ones.
+        e = GRAPH_TERMS
         t = 0.0
-        t = t + coef[10] * 1
-        t = t + coef[11] * tokens
-        t = t + coef[12] * (nrows - nd)
-        t = t + coef[13] * attention
-        t = t + coef[14] * pctx
-        t = t + coef[15] * nd
-        t = t + coef[16] * (nd * dwidth)
-        t = t + coef[17] * (1 if nd > 0 else 0)
-        t = t + coef[18] * ((tokens - KNEE) if tokens > KNEE else 0)
-        k = 19
+        t = t + coef[e] * 1
+        t = t + coef[e + 1] * tokens
+        t = t + coef[e + 2] * (nrows - nd)
+        t = t + coef[e + 3] * attention
+        t = t + coef[e + 4] * pctx
+        t = t + coef[e + 5] * nd
+        t = t + coef[e + 6] * (nd * dwidth)
+        t = t + coef[e + 7] * (1 if nd > 0 else 0)
+        t = t + coef[e + 8] * ((tokens - EAGER_KNEE_TOKENS) if tokens > EAGER_KNEE_TOKENS else 0)
+        k = e + EAGER_TERMS
         if p[P_SERIAL]:
             t = t + coef[k] * serial_keys(p, nd, dwidth)
             k += 1
@@ -394,9 +397,11 @@ def step_ns(p, f, coef, sizes, S, seen, ntok, ctx, nrows):
             seen[tokens] = True
     return np.int64(round(x))
 
+
 @_njit
 def host_ns(f, rows):
     return np.int64(round(f[F_OVERHEAD] + loop_ns(f, rows)))
+
 
 @_njit
 def run_segments(p, f, coef, sizes, S, ctx, nrows, k, counts, prices):
@@ -440,6 +445,7 @@ def run_segments(p, f, coef, sizes, S, ctx, nrows, k, counts, prices):
             rounded = ceil_div(mean, q) * q
         if top > width:
             width = decode_width(p, sizes, nrows, top)
+
 
 # --- the block manager (KVCacheManager, block by block) ---
 
@@ -698,6 +704,7 @@ def allocate_new(p, B, T, pools, H, hash_ids, S, r, num_tokens, hits, mark, full
     whole = max(total, ceil_div(full_tokens, bs))
     if whole > p[P_USABLE] or whole - nhit + evictable + mark > S[S_FREE]:
         return -1
+    pool = table_reserve(T, pools, S, r, nhit)
     for j in range(nhit):
         b = h_get(H, key_of(p, T, hash_ids, r, j))
         refs = B[b, B_REF]
@@ -707,9 +714,8 @@ def allocate_new(p, B, T, pools, H, hash_ids, S, r, num_tokens, hits, mark, full
         elif refs == 1:
             S[S_NSHARED] += 1
         B[b, B_REF] = refs + 1
-        pool = table_reserve(T, pools, S, r, 1)
-        pool[T[T_START, r] + T[T_LEN, r]] = b
-        T[T_LEN, r] += 1
+        pool[T[T_START, r] + j] = b
+    T[T_LEN, r] = nhit
     take(p, B, T, pools, H, S, r, need)
     T[T_NCACHED, r] = nhit
     return need
@@ -755,6 +761,7 @@ def on_arrivals(p, S, prompt, output, waiting, toolong, first, stop):
         waiting[S[S_WTAIL]] = r
         S[S_WTAIL] += 1
 
+
 @_njit
 def repeat_horizon(p, S, output, generated, rows, ctx, nrows, most, free):
     """PagedKV._repeat_horizon with ``most`` and ``free`` given."""
@@ -780,6 +787,7 @@ def repeat_horizon(p, S, output, generated, rows, ctx, nrows, most, free):
         else:
             hi = mid
     return lo
+
 
 @_njit
 def preempt(p, B, T, pools, H, hash_ids, S, computed, cap, waiting, victim):
@@ -1020,12 +1028,14 @@ def step_done(p, B, T, pools, H, hash_ids, S, output, computed, generated, cap, 
 
 
 @_njit
-def grow_i8(a, need):
+def grown(a, need):
+    """``a``, or a copy twice as long (at least ``need``) where it is shorter than that."""
     if need <= a.shape[0]:
         return a
     b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
     b[:a.shape[0]] = a
     return b
+
 
 # --- the driver ---
 
@@ -1038,6 +1048,7 @@ def deliver(p, S, arrivals, prompt, output, waiting, toolong, until):
     S[S_DELIVERED] = stop
     S[S_NEXT] = arrivals[stop]
     on_arrivals(p, S, prompt, output, waiting, toolong, first, stop)
+
 
 @_njit
 def run_decode(p, f, coef, sizes, S, arrivals, prompt, output, waiting, toolong, ctx, nrows, repeats, now,
@@ -1066,8 +1077,8 @@ def run_decode(p, f, coef, sizes, S, arrivals, prompt, output, waiting, toolong,
             break
         total = price * repeats
         if repeats > 1:
-            run_prices = grow_i8(run_prices, S[S_NRUNS] + 1)
-            run_counts = grow_i8(run_counts, S[S_NRUNS] + 1)
+            run_prices = grown(run_prices, S[S_NRUNS] + 1)
+            run_counts = grown(run_counts, S[S_NRUNS] + 1)
             run_prices[S[S_NRUNS]] = price
             run_counts[S[S_NRUNS]] = repeats - 1
             S[S_NRUNS] += 1
@@ -1094,8 +1105,8 @@ def run_decode(p, f, coef, sizes, S, arrivals, prompt, output, waiting, toolong,
                     continue
             c, stop = k, True
             break
-        run_prices = grow_i8(run_prices, S[S_NRUNS] + 1)
-        run_counts = grow_i8(run_counts, S[S_NRUNS] + 1)
+        run_prices = grown(run_prices, S[S_NRUNS] + 1)
+        run_counts = grown(run_counts, S[S_NRUNS] + 1)
         run_prices[S[S_NRUNS]] = pr
         run_counts[S[S_NRUNS]] = c
         S[S_NRUNS] += 1
@@ -1105,6 +1116,7 @@ def run_decode(p, f, coef, sizes, S, arrivals, prompt, output, waiting, toolong,
             break
     run_counts[first] -= 1
     return taken, total, price, run_prices, run_counts, counts, prices
+
 
 @_njit
 def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed, hash_lo, shared, num_blocks):
@@ -1183,8 +1195,8 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed,
                 break
             if S[S_NTOOLONG]:
                 need = S[S_NREJ] + S[S_NTOOLONG]
-                rej_rows = grow_i8(rej_rows, need)
-                rej_ns = grow_i8(rej_ns, need)
+                rej_rows = grown(rej_rows, need)
+                rej_ns = grown(rej_ns, need)
                 for j in range(S[S_NTOOLONG]):
                     rej_rows[S[S_NREJ] + j] = toolong[j]
                     rej_ns[S[S_NREJ] + j] = now
@@ -1230,8 +1242,8 @@ def kernel(p, f, coef, sizes, warm, arrival_ns, prompt, output, hash_ids, keyed,
         ncol = S[S_NCOL]
         if ncol + 2 * nrows > col_rows.shape[0]:
             size = max(2 * col_rows.shape[0], ncol + 2 * nrows)
-            col_rows, col_ntok, col_emit = (grow_i8(col_rows, size), grow_i8(col_ntok, size),
-                                            grow_i8(col_emit, size))
+            col_rows, col_ntok, col_emit = (grown(col_rows, size), grown(col_ntok, size),
+                                            grown(col_emit, size))
         log[nlog, 0], log[nlog, 1], log[nlog, 2], log[nlog, 3] = now, now + total, now + first, repeats
         log[nlog, 4], log[nlog, 5], log[nlog, 6], log[nlog, 7] = nrows, kv_used, waiting_now, npre
         col_rows[ncol:ncol + nrows] = rows[:nrows]

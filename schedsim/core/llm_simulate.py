@@ -296,6 +296,8 @@ class _Driver:
     def _result(self) -> LLMResult:
         n, name = self.n, type(self.policy).__name__
         measured = self.req.arrival_ns >= self.itl_from_ns  # warm-up requests add no gaps
+        # Per record, the rows emitting in it (measured ones only where there is a warm-up),
+        # and its tokens and prefill tokens.
         if self.log_array is None:
             nsteps = len(self.log)
             start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = (
@@ -307,25 +309,22 @@ class _Driver:
                 counts = (np.concatenate(self.emit_tokens).astype(np.int64) if self.emit_tokens
                           else np.empty(0, np.int64))
             t = token_times(n, rows, rec, emits, start, first_end, end, repeats, counts)
+            if measured.all():   # (record by record, without moving the log through rec)
+                emitting = (np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=count_type(emits)) if nsteps
+                            else sizes)
+            else:
+                emitting = np.bincount(rec[emits & measured[rows]], minlength=nsteps)
+            tok, pre = step_token_sums(tokens, sizes)
         else:   # the same arrays, worked out compiled from the replay's log
             nsteps = self.log_array.shape[1]
             start, end, first_end, repeats, sizes, kv_blocks, waiting, preempted = self.log_array
             *times, all_emitting, measured_emitting, tok, pre = self.log_summary(measured)
             t = TokenTimes(*times)
+            emitting = all_emitting if measured.all() else measured_emitting
         first_seen, last_seen, tokens_out = t.first_seen, t.last_seen, t.tokens_out
         # Inter-token gaps: from a request's previous token to the first step of each record,
         # then each later step of a repeated record, once per request emitting in it.
-        if measured.all():   # (no warm-up: record by record, without moving the log through rec)
-            gaps = t.gaps_ns
-            if self.log_array is not None:
-                emitting = all_emitting
-            else:
-                emitting = (np.add.reduceat(emits, np.cumsum(sizes) - sizes, dtype=count_type(emits)) if nsteps
-                            else sizes)
-        else:
-            gaps = t.gaps_ns[measured[t.gap_rows]]
-            emitting = (measured_emitting if self.log_array is not None
-                        else np.bincount(rec[emits & measured[rows]], minlength=nsteps))
+        gaps = t.gaps_ns if measured.all() else t.gaps_ns[measured[t.gap_rows]]
         multi = np.flatnonzero(repeats > 1)
         run_ns = np.repeat(np.array(self.run_prices, np.int64), np.array(self.run_counts, np.int64))
         run_count = np.repeat(emitting[multi], repeats[multi] - 1).astype(np.int64, copy=False)
@@ -359,8 +358,6 @@ class _Driver:
         finish = np.append(end, -1)[last_seen] if self.holds_responses else t.last_token_ns
         end_ns[done] = finish[done]
 
-        if self.log_array is None:
-            tok, pre = step_token_sums(tokens, sizes)
         return LLMResult(
             requests=self.req, status=status, scheduled_ns=t.scheduled_ns,
             first_token_ns=t.first_token_ns, end_ns=end_ns, tokens_out=tokens_out.astype(np.int32),

@@ -1,9 +1,9 @@
 """paged-kv replayed compiled gives what the Python path gives, bit for bit.
 
-``policies/paged_kv_compiled.py`` restates PagedKV's scheduling, simulate_llm's driver and
-StepCostModel's prices in numba. Here random traces and settings (preemption, chunked and
-whole-prompt admission, thresholds, watermarks, async scheduling, length limits, first-call
-costs, context extrapolation) run both ways, and every array of the result, the policy's
+``policies/paged_kv_compiled.py`` restates PagedKV's scheduling, its block manager,
+simulate_llm's driver and StepCostModel's prices in numba. Here random traces and settings
+(shared prefixes, preemption, chunked and whole-prompt admission, thresholds, watermarks,
+async scheduling, length limits, first-call costs, context extrapolation) run both ways, and every array of the result, the policy's
 counters and the warnings must agree; and the replay must actually run where it claims to.
 """
 
