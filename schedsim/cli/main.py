@@ -225,9 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the Typer app with one-line errors and exit status 2 on bad input."""
     if argv is None and sys.argv[1:2] == ["run"]:
         prepare_run_process()
+    code = 1
     try:
-        return _main(argv)
+        code = _main(argv)
+        return code
     finally:
+        from schedsim.run.outdir import settle_claimed_dirs
+
+        settle_claimed_dirs(failed=code != 0)
         if argv is None:
             # Run as the program (the installed script passes no argv), the process exits
             # next: freezing every object spares the interpreter's final full collection

@@ -26,11 +26,18 @@ RUN_FILES = ("summary.json", "requests.csv", "requests.parquet", "steps.csv", "s
 """What a run (or a live run, or its validation) writes into its directory."""
 
 
+_CLAIMED_NEW: list[Path] = []
+"""Directories :func:`claim_run_dir` created in this process, deepest first."""
+
+
 def claim_run_dir(path, overwrite: bool = False, flag: str = "--out") -> Path:
     """Make ``path`` the run's own directory: created now; refused when it holds anything unless
     ``overwrite``, which removes an earlier run's files (and keeps any others) so that none of
-    them can pass for this run's."""
+    them can pass for this run's. A command that then fails takes back what it created
+    (:func:`settle_claimed_dirs`)."""
+    new = [p for p in (Path(path), *Path(path).parents) if not p.exists()]
     path = prepare_out_dir(path, flag)
+    _CLAIMED_NEW.extend(new)
     entries = sorted(p.name for p in path.iterdir())
     if entries and not overwrite:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
@@ -43,6 +50,19 @@ def claim_run_dir(path, overwrite: bool = False, flag: str = "--out") -> Path:
             except OSError as exc:
                 raise InputError(f"{flag}: {path / name}: cannot remove it ({exc.strerror or exc})") from None
     return path
+
+
+def settle_claimed_dirs(failed: bool) -> None:
+    """At a command's end: when it ``failed`` (bad input found after its --out was claimed),
+    remove the directories :func:`claim_run_dir` created that are still empty, so that it
+    leaves no trace of a run behind; either way, forget them."""
+    while _CLAIMED_NEW:
+        created = _CLAIMED_NEW.pop(0)
+        if failed:
+            try:
+                created.rmdir()
+            except OSError:  # written into, or gone: either way not ours to remove
+                pass
 
 
 def check_out_file(path, flag: str = "--out", *, create_parent: bool = False) -> Path:

@@ -100,3 +100,16 @@ def test_a_run_owns_its_out_directory(tmp_path):
     proc = schedsim("run", trace, "--profile", PROFILE, "--out", out, "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "requests.csv", "summary.json"]
+
+
+def test_a_failed_run_takes_back_the_out_directory_it_created(tmp_path):
+    bad = _trace(tmp_path / "bad.csv", ["0", "0.001", "oops"])
+    out = tmp_path / "new" / "run"
+    proc = schedsim("run", bad, "--profile", PROFILE, "--out", out)
+    assert_one_line_error(proc, f"{bad}:4", "arrival_s")
+    assert not (tmp_path / "new").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    proc = schedsim("run", bad, "--profile", PROFILE, "--out", mine)
+    assert proc.returncode == 2
+    assert mine.is_dir()  # the user's own directory stays
