@@ -11,8 +11,13 @@ ways of computing one answer.
     python benchmarks/bench_simulate.py                  # 2,000,000 requests, 5 rounds
     python benchmarks/bench_simulate.py --n 200000       # a quicker look
 
-Rounds alternate the two; the figure is the ratio of medians within one run
-(``results/bench_simulate.json``). Target: ``simulate()`` within 1.3x of the floor.
+``simulate()`` runs this case compiled where the C extension is built
+(``schedsim.core.compiled_queue``); the Python loop it replaces is timed too
+(``simulate_python``, with ``compiled_queue.ENABLED = False``).
+
+Rounds alternate the three; the figures are ratios of medians within one run
+(``results/bench_simulate.json``). Target: ``simulate()``, and its Python loop alone, within
+1.3x of the floor.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from policies.dynamic import DynamicBatcher  # noqa: E402
+from schedsim.core import compiled_queue  # noqa: E402
 from schedsim.core.policy import NEVER, Requests  # noqa: E402
 from schedsim.core.simulate import _uniforms, simulate  # noqa: E402
 from schedsim.cost.model import CostModel  # noqa: E402
@@ -103,13 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     req = requests(args.n)
     cost = CostModel.from_profile(load_profile(default_profile_path()))
     arrivals = req.arrival_ns.tolist()
-    times = {"simulate": [], "floor": []}
+    times = {"simulate": [], "simulate_python": [], "floor": []}
     load = [os.getloadavg()[0]]
     for _ in range(args.rounds):
-        policy = DynamicBatcher(args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us)
-        t0 = time.perf_counter()
-        result = simulate(req, policy, cost, seed=args.seed)
-        times["simulate"].append(time.perf_counter() - t0)
+        for name, compiled in (("simulate", True), ("simulate_python", False)):
+            compiled_queue.ENABLED = compiled
+            policy = DynamicBatcher(args.max_batch_size, max_queue_delay_us=args.max_queue_delay_us)
+            t0 = time.perf_counter()
+            result = simulate(req, policy, cost, seed=args.seed)
+            times[name].append(time.perf_counter() - t0)
+            compiled_queue.ENABLED = True
         t0 = time.perf_counter()
         log = floor(arrivals, cost, args.max_batch_size, args.max_queue_delay_us * 1000, args.seed)
         times["floor"].append(time.perf_counter() - t0)
@@ -121,13 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     report = {"n": args.n, "batches": len(log), "rounds": args.rounds, "times_s": times,
               "median_s": med, "ratio_simulate_over_floor": med["simulate"] / med["floor"],
+              "ratio_simulate_python_over_floor": med["simulate_python"] / med["floor"],
+              "compiled_loop_built": compiled_queue.available(),
               "loadavg_1m": load, "python": sys.version.split()[0], "numpy": np.__version__}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "bench_simulate.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"{args.n:,} requests, {len(log):,} batches, {args.rounds} rounds (load {load[0]:.1f} -> {load[-1]:.1f})")
     for k, v in times.items():
         print(f"  {k:9s} median {med[k]:.3f} s  (min {min(v):.3f}, max {max(v):.3f})")
-    print(f"  simulate() / floor: {report['ratio_simulate_over_floor']:.2f}x (target <= 1.3x)")
+    print(f"  simulate() / floor: {report['ratio_simulate_over_floor']:.2f}x (target <= 1.3x)"
+          + ("" if compiled_queue.available() else "; the compiled loop is not built here"))
+    print(f"  simulate() in Python alone / floor: {report['ratio_simulate_python_over_floor']:.2f}x")
     return 0
 
 

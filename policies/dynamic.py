@@ -286,6 +286,8 @@ class DynamicBatcher(Policy):
             if send_now or walked >= max_preferred or expired or delay == 0:
                 return walked, NEVER, 1                                   # rules 2 and 3
             return 0, oldest + delay, preferred[i] - walked               # rule 4
+        # What the driver's compiled loop needs to run this same rule (schedsim.core.compiled_queue).
+        rule.dynamic_batcher = (tuple(preferred), delay, most, max_preferred, arrival)
         return rule
 
     # --- forming a batch ------------------------------------------------------------------

@@ -33,6 +33,7 @@ import numpy as np
 
 from schedsim.core.contention import SharedGpu
 from schedsim.core.events import COMPLETION, DECISION, EventLoop
+from schedsim.core import compiled_queue
 from schedsim.core.policy import NEVER, Decision, Policy, Requests
 from schedsim.cost.power import GpuClock
 from schedsim.cost.protocols import BatchCost, batch_cost
@@ -113,8 +114,9 @@ class _Driver:
         self.gpu_clock = GpuClock(cost.power_cap) if cost.power_cap is not None else None
         self.wake_ns = cost.wake_ns  # (idle ns, draw) -> extra ns
         # Wake-up draws come from a stream of their own, so service times keep their draws.
-        self.wake_draws = _uniforms(np.random.default_rng(None if seed is None else [seed, 1])) \
-            if cost.wake_is_random else types.SimpleNamespace(random=lambda: 0.5)
+        self.wake_rng = np.random.default_rng(None if seed is None else [seed, 1]) if cost.wake_is_random else None
+        self.wake_draws = _uniforms(self.wake_rng) if self.wake_rng is not None \
+            else types.SimpleNamespace(random=lambda: 0.5)
         self.delivered = 0          # rows [0, delivered) have been handed to the policy
         self.next_arrival_ns = int(self.arrival_ns[0]) if n else NEVER  # of row `delivered`
         self.decision_pending = False
@@ -175,8 +177,12 @@ class _Driver:
         the contract of ``wake_at_ns`` and ``arrivals_needed``. So the loop below is: decide
         at ``now`` on the rows arrived by then; a launch moves ``now`` to its end, a wait to
         the earlier of the timer and that arrival. Launch times, draws and the batch log are
-        those of the general path, bit for bit (tests/unit/core/test_fast_paths.py).
+        those of the general path, bit for bit (tests/unit/core/test_fast_paths.py). The
+        dynamic batcher's common case runs compiled where it can (compiled_queue).
         """
+        if compiled_queue.covers(self, rule):
+            compiled_queue.run(self, rule)
+            return
         n, arrival = self.n, self.arrival_ns
         cost, draw, sample_s = self.cost, self.uniforms, self.cost.sample_s
         clock, wake_ns, wake_draw = self.gpu_clock, self.wake_ns, self.wake_draws.random

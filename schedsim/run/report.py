@@ -74,19 +74,43 @@ class TableParts:
     ``text(start, stop)``, when given, makes those rows' CSV text without pyarrow
     (:mod:`schedsim.run.csv_text`, which raises ``Unsupported`` for a slice it cannot make)."""
 
-    def __init__(self, num_rows: int, build, text=None):
-        self.num_rows, self._build, self.text = num_rows, build, text
+    def __init__(self, num_rows: int, build, text=None, text_threads: int = 1):
+        """``text_threads``: how many threads may run ``text`` at once to gain time (more than
+        one only where it leaves the GIL, as the C rows do)."""
+        self.num_rows, self._build, self.text, self.text_threads = num_rows, build, text, text_threads
 
     def slice(self, offset: int = 0, length: int | None = None) -> pa.Table:
         stop = self.num_rows if length is None else min(offset + length, self.num_rows)
         return self._build(offset, stop)
 
 
-def request_rows(result: SimResult, request_id: np.ndarray, start: int, stop: int) -> bytearray:
+try:
+    from schedsim.run._csv_rows import request_rows as _c_request_rows  # built by setup.py where C compiles
+except ImportError:
+    _c_request_rows = None
+
+_QUOTED_STATUS = tuple(f'"{name}"'.encode() for name in STATUS_NAMES)
+
+
+def request_rows(result: SimResult, request_id: np.ndarray, start: int, stop: int) -> bytes | bytearray:
     """Rows ``start`` to ``stop`` of :func:`request_table` as CSV text, the bytes pyarrow writes
-    (the columns from the integer nanoseconds, :mod:`schedsim.run.csv_text`). The requests of
-    a batch share its start, end, size, instance and status: those are made once per run of
-    equal rows."""
+    (the columns from the integer nanoseconds), made in C where the extension is built, else in
+    numpy (:func:`request_rows_numpy`); raises ``Unsupported`` for rows with a value whose text
+    is pyarrow's to make."""
+    if _c_request_rows is None:
+        return request_rows_numpy(result, request_id, start, stop)
+    rows = slice(start, stop)
+    columns = (request_id[rows], result.requests.arrival_ns[rows], result.start_ns[rows], result.end_ns[rows],
+               result.batch_size[rows], result.instance[rows], result.status[rows])
+    text = _c_request_rows(*(np.ascontiguousarray(c, dtype=np.int64) for c in columns), _QUOTED_STATUS)
+    if text is None:
+        raise Unsupported("a value csv_text does not write")
+    return text
+
+
+def request_rows_numpy(result: SimResult, request_id: np.ndarray, start: int, stop: int) -> bytearray:
+    """:func:`request_rows` in numpy (:mod:`schedsim.run.csv_text`). The requests of a batch
+    share its start, end, size, instance and status: those are made once per run of equal rows."""
     rows = slice(start, stop)
     arrival, start_ns, end_ns = result.requests.arrival_ns[rows], result.start_ns[rows], result.end_ns[rows]
     size, instance, status = result.batch_size[rows], result.instance[rows], result.status[rows]
@@ -126,11 +150,11 @@ def write_csv(table: pa.Table | TableParts, path) -> None:
     formats on one thread) on every core."""
     text = table.text if isinstance(table, TableParts) else None
     chunk_rows = _TEXT_CHUNK_ROWS if text is not None else _CHUNK_ROWS
-    # csv_text on one thread: much of its work (bytearray.translate, the Python between numpy
-    # calls) holds the GIL, and a second thread added CPU without saving wall time. --out of a
-    # 2,000,000-request run in turn (12 rounds, load 2.1-2.5): 1.31 s of CPU against 1.43 s with
-    # a thread per core, wall 1.46 s against 1.47 s (medians).
-    cores = 1 if text is not None else os.cpu_count() or 1
+    # csv_text in numpy on one thread: much of its work (bytearray.translate, the Python between
+    # numpy calls) holds the GIL, and a second thread added CPU without saving wall time. --out
+    # of a 2,000,000-request run in turn (12 rounds, load 2.1-2.5): 1.31 s of CPU against 1.43 s
+    # with a thread per core, wall 1.46 s against 1.47 s (medians). The C rows leave the GIL.
+    cores = table.text_threads if text is not None else os.cpu_count() or 1
     workers = min(cores, -(-table.num_rows // chunk_rows))
     if workers <= 1 and text is None:
         pacsv.write_csv(table.slice(0, table.num_rows), path)
@@ -187,7 +211,8 @@ def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summ
         return write_plots(out_dir, result, warmup_s, write_atomically, summary)
 
     table = TableParts(len(result.requests), lambda start, stop: request_table(result, request_id, start, stop),
-                       lambda start, stop: request_rows(result, request_id, start, stop))
+                       lambda start, stop: request_rows(result, request_id, start, stop),
+                       text_threads=(os.cpu_count() or 1) if _c_request_rows is not None else 1)
     return write_run_dir(out_dir, [("requests.csv", table)], summary, plots if plot else None, fmt)
 
 
