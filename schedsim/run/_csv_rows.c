@@ -15,36 +15,47 @@
 
 #define MAX_INT_PART 1000000LL        /* decimals: integer parts below this are exact */
 #define MAX_INTEGER 1000000000000000LL /* integers: below 10**15 */
-#define MAX_LABEL 64
+#define MAX_LABEL 32
+#define FIELD_COPY 16   /* the longest decimal: 6 digits, a point, 9 digits */
 /* The longest row: 15-digit id, three 16-byte seconds, two 13-byte milliseconds, two 15-digit
- * integers, a label, nine separators. */
+ * integers, a label, nine separators. Fields copied at a fixed size may write past their end
+ * into what follows: the buffer has MAX_LABEL bytes to spare after the last row. */
 #define MAX_ROW (16 + 3 * 17 + 2 * 14 + 2 * 16 + MAX_LABEL + 8)
 
 static char digit_pairs[200];
+static char digit_quads[40000]; /* "0000".."9999": a fraction in independent groups of four */
+
+/* Digits of v (0 <= v < 10**15): how many. */
+static int digit_count(int64_t v) {
+    int n = 1;
+    while (v >= 10000) {
+        v /= 10000;
+        n += 4;
+    }
+    return n + (v >= 10) + (v >= 100) + (v >= 1000);
+}
+
+/* The last `width` digits of v, zero-padded, written ending at `end` (two at a time). */
+static void put_digits_before(char *end, int64_t v, int width) {
+    while (width >= 2) {
+        int64_t q = v / 100;
+        memcpy(end - 2, digit_pairs + 2 * (v - q * 100), 2);
+        end -= 2;
+        v = q;
+        width -= 2;
+    }
+    if (width)
+        end[-1] = (char)('0' + v % 10);
+}
 
 /* Digits of v (0 <= v < 10**15) at p; returns the end. */
 static char *put_uint(char *p, int64_t v) {
-    char tmp[20];
-    char *t = tmp + sizeof tmp;
-    while (v >= 100) {
-        int64_t q = v / 100;
-        int r = (int)(v - q * 100);
-        t -= 2;
-        memcpy(t, digit_pairs + 2 * r, 2);
-        v = q;
-    }
-    if (v >= 10) {
-        t -= 2;
-        memcpy(t, digit_pairs + 2 * v, 2);
-    } else {
-        *--t = (char)('0' + v);
-    }
-    size_t len = (size_t)(tmp + sizeof tmp - t);
-    memcpy(p, t, len);
-    return p + len;
+    int n = digit_count(v);
+    put_digits_before(p + n, v, n);
+    return p + n;
 }
 
-/* k / 10**digits as pyarrow writes the float (digits 6 or 9); 0 when csv_text does not make it. */
+/* k / 10**digits as pyarrow writes the float (digits 6 or 9); NULL when csv_text does not make it. */
 static char *put_decimal(char *p, int64_t k, int digits, int64_t scale) {
     if (k < 0)
         return NULL;
@@ -56,19 +67,19 @@ static char *put_decimal(char *p, int64_t k, int digits, int64_t scale) {
     p = put_uint(p, whole);
     if (frac) {
         *p++ = '.';
-        /* Zero-padded, two digits a division, from the right; then the trailing zeros off. */
-        char *last = p + digits;
-        int i = digits;
-        while (i >= 2) {
-            int64_t q = frac / 100;
-            memcpy(p + i - 2, digit_pairs + 2 * (frac - q * 100), 2);
-            frac = q;
-            i -= 2;
+        /* digits 9: d | dddd | dddd; digits 6: dd | dddd (the groups computed independently) */
+        int64_t top = frac / 100000000 * (digits == 9), mid = frac / 10000 % 10000, low = frac % 10000;
+        if (digits == 9) {
+            *p++ = (char)('0' + top);
+            memcpy(p, digit_quads + 4 * mid, 4);
+            memcpy(p + 4, digit_quads + 4 * low, 4);
+            p += 8;
+        } else {
+            memcpy(p, digit_pairs + 2 * (frac / 10000), 2);
+            memcpy(p + 2, digit_quads + 4 * low, 4);
+            p += 6;
         }
-        if (i)
-            p[0] = (char)('0' + frac);
-        p = last;
-        while (p[-1] == '0')
+        while (p[-1] == '0') /* the fraction's trailing zeros off */
             p--;
     }
     return p;
@@ -79,19 +90,19 @@ static char *put_decimal(char *p, int64_t k, int digits, int64_t scale) {
 typedef struct {
     int64_t value;
     int len;
-    char text[24];
+    char text[FIELD_COPY];
 } repeat_cache;
 
 static char *put_repeated_decimal(char *p, int64_t k, repeat_cache *cache) {
     if (cache->len >= 0 && k == cache->value) {
-        memcpy(p, cache->text, (size_t)cache->len);
+        memcpy(p, cache->text, FIELD_COPY); /* a fixed size: two moves, no call */
         return p + cache->len;
     }
     char *end = put_decimal(p, k, 9, 1000000000LL);
     if (end) {
         cache->value = k;
         cache->len = (int)(end - p);
-        memcpy(cache->text, p, (size_t)cache->len);
+        memcpy(cache->text, p, FIELD_COPY);
     }
     return end;
 }
@@ -124,7 +135,7 @@ static PyObject *request_rows(PyObject *self, PyObject *args) {
                           &objs[5], &objs[6], &PyTuple_Type, &labels))
         return NULL;
     Py_ssize_t n_labels = PyTuple_GET_SIZE(labels);
-    const char *label_text[16];
+    char label_text[16][MAX_LABEL] = {{0}}; /* padded: copied at a fixed size */
     Py_ssize_t label_len[16];
     if (n_labels > 16) {
         PyErr_SetString(PyExc_ValueError, "labels: at most 16");
@@ -136,7 +147,7 @@ static PyObject *request_rows(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "labels: a tuple of short bytes");
             return NULL;
         }
-        label_text[i] = PyBytes_AS_STRING(b);
+        memcpy(label_text[i], PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
         label_len[i] = PyBytes_GET_SIZE(b);
     }
     Py_buffer first;
@@ -151,7 +162,7 @@ static PyObject *request_rows(PyObject *self, PyObject *args) {
             break;
     PyObject *out = NULL;
     if (got == 7)
-        out = PyBytes_FromStringAndSize(NULL, n * MAX_ROW);
+        out = PyBytes_FromStringAndSize(NULL, n * MAX_ROW + MAX_LABEL);
     if (out != NULL) {
         char *buf = PyBytes_AS_STRING(out), *p = buf;
         const int64_t *id = c[0].v, *arrival = c[1].v, *start = c[2].v, *end = c[3].v;
@@ -188,7 +199,7 @@ static PyObject *request_rows(PyObject *self, PyObject *args) {
             }
             *p++ = ',';
             if (status[i] < 0 || status[i] >= n_labels) { ok = 0; break; }
-            memcpy(p, label_text[status[i]], (size_t)label_len[status[i]]);
+            memcpy(p, label_text[status[i]], MAX_LABEL);
             p += label_len[status[i]];
         }
         Py_END_ALLOW_THREADS
@@ -219,6 +230,12 @@ PyMODINIT_FUNC PyInit__csv_rows(void) {
     for (int i = 0; i < 100; i++) {
         digit_pairs[2 * i] = (char)('0' + i / 10);
         digit_pairs[2 * i + 1] = (char)('0' + i % 10);
+    }
+    for (int i = 0; i < 10000; i++) {
+        digit_quads[4 * i] = (char)('0' + i / 1000);
+        digit_quads[4 * i + 1] = (char)('0' + i / 100 % 10);
+        digit_quads[4 * i + 2] = (char)('0' + i / 10 % 10);
+        digit_quads[4 * i + 3] = (char)('0' + i % 10);
     }
     return PyModule_Create(&module);
 }

@@ -7,6 +7,7 @@ is written last, so an interrupted run never leaves a directory that looks compl
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
@@ -202,33 +203,83 @@ def write_table(table: pa.Table | TableParts, path, fmt: str = "csv") -> None:
             writer.write_table(table.slice(start, _CHUNK_ROWS))
 
 
+def _request_parts(result: SimResult, request_id: np.ndarray) -> TableParts:
+    return TableParts(len(result.requests), lambda start, stop: request_table(result, request_id, start, stop),
+                      lambda start, stop: request_rows(result, request_id, start, stop),
+                      text_threads=(os.cpu_count() or 1) if _c_request_rows is not None else 1)
+
+
+class RequestsWriter:
+    """requests.csv (or .parquet) written on a thread of its own from the moment a run's result
+    exists, while the run goes on to its summary and capacity (summarize only reads the result):
+    :func:`write_outputs` joins it before summary.json; a run that fails instead calls
+    :meth:`abandon`, which waits for it and removes what it wrote."""
+
+    def __init__(self, out_dir, result: SimResult, request_id: np.ndarray, fmt: str = "csv"):
+        out_dir = _run_dir_ready(out_dir, fmt)
+        self.path = out_dir / table_file_name("requests.csv", fmt)
+        table = _request_parts(result, request_id)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, args=(table, fmt), name="schedsim-requests-writer")
+        self._thread.start()
+
+    def _write(self, table, fmt) -> None:
+        try:
+            write_atomically(self.path, lambda tmp: write_table(table, tmp, fmt))
+        except BaseException as exc:  # handed to the run's thread by result()
+            self._error = exc
+
+    def result(self) -> Path:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.path
+
+    def abandon(self) -> None:
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+
 def write_outputs(out_dir: Path, result: SimResult, request_id: np.ndarray, summary: dict,
-                  plot: bool = False, warmup_s: float = 0.0, fmt: str = "csv") -> list[Path]:
-    """Write DIR/requests.csv (or .parquet), optional plots, then DIR/summary.json; return the paths."""
+                  plot: bool = False, warmup_s: float = 0.0, fmt: str = "csv",
+                  requests_writer: RequestsWriter | None = None) -> list[Path]:
+    """Write DIR/requests.csv (or .parquet), optional plots, then DIR/summary.json; return the paths.
+    ``requests_writer``: the table is already being written by it (see :class:`RequestsWriter`)."""
     def plots(out_dir):
         from schedsim.run.plots import write_plots  # lazy: matplotlib only when asked for
 
         return write_plots(out_dir, result, warmup_s, write_atomically, summary)
 
-    table = TableParts(len(result.requests), lambda start, stop: request_table(result, request_id, start, stop),
-                       lambda start, stop: request_rows(result, request_id, start, stop),
-                       text_threads=(os.cpu_count() or 1) if _c_request_rows is not None else 1)
-    return write_run_dir(out_dir, [("requests.csv", table)], summary, plots if plot else None, fmt)
+    if requests_writer is not None:
+        return write_run_dir(out_dir, [], summary, plots if plot else None, fmt, written=[requests_writer.result()])
+    return write_run_dir(out_dir, [("requests.csv", _request_parts(result, request_id))], summary,
+                         plots if plot else None, fmt)
 
 
-def write_run_dir(out_dir, tables, summary: dict, plots=None, fmt: str = "csv") -> list[Path]:
-    """Write each ``(name, table)`` of ``tables`` (a pyarrow table or :class:`TableParts`) as a CSV
-    (``fmt`` "parquet": as NAME.parquet),
-    then ``plots(out_dir)``'s figures (when given), then summary.json, last; return the paths written."""
+def table_file_name(name: str, fmt: str) -> str:
+    return name if fmt == "csv" else Path(name).with_suffix(".parquet").name
+
+
+def _run_dir_ready(out_dir, fmt: str) -> Path:
+    """The run directory, created, with no summary.json: an old summary must not vouch for new files."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt: {fmt!r} is not one of {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    return out_dir
+
+
+def write_run_dir(out_dir, tables, summary: dict, plots=None, fmt: str = "csv", written=()) -> list[Path]:
+    """Write each ``(name, table)`` of ``tables`` (a pyarrow table or :class:`TableParts`) as a CSV
+    (``fmt`` "parquet": as NAME.parquet),
+    then ``plots(out_dir)``'s figures (when given), then summary.json, last; return the paths written
+    (after ``written``, files of this run already in place)."""
+    out_dir = _run_dir_ready(out_dir, fmt)
     summary_path = out_dir / "summary.json"
-    summary_path.unlink(missing_ok=True)  # an old summary must not vouch for new files
-    written = []
+    written = list(written)
     for name, table in tables:
-        path = out_dir / (name if fmt == "csv" else Path(name).with_suffix(".parquet").name)
+        path = out_dir / table_file_name(name, fmt)
         write_atomically(path, lambda tmp, table=table: write_table(table, tmp, fmt))
         written.append(path)
     if plots is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 from schedsim.core.metrics import combine_replications, overload, summarize
@@ -157,6 +156,18 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
         seq_lens = (int(seq.min()), int(seq.max())) if len(seq) else ()
         cost.check_covers(int(largest), seq_lens, what=_size_flag(spec.policy))
 
+    writing: list = []  # requests.csv's writer, begun as soon as the first result exists
+    try:
+        return _simulate_and_report(spec, inputs, cost, contention, profile_path, notes, band_plan, phase, writing)
+    except BaseException:
+        for writer in writing:
+            writer.abandon()  # no requests.csv of a run that failed
+        raise
+
+
+def _simulate_and_report(spec: RunSpec, inputs: RunInputs, cost, contention: dict, profile_path, notes: list,
+                         band_plan, phase, writing: list) -> RunOutcome:
+    trace, requests, policy, instances = inputs.trace, inputs.requests, inputs.policy, inputs.instances
     results, summaries = [], []
     for i in range(spec.replications):
         phase(f"simulating {len(requests):,} requests"
@@ -170,6 +181,10 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
             raise policy_input_error(exc, spec.policy, policy) from exc
         check_served(result, spec.policy)
         results.append(result)
+        if spec.out is not None and not writing:
+            from schedsim.run.report import RequestsWriter  # pyarrow.csv only when writing
+
+            writing.append(RequestsWriter(spec.out, result, trace.request_id, spec.out_format))
         summaries.append(summarize(result, spec.warmup_s))
     summary = summaries[0] if len(summaries) == 1 else (
         combine_replications(summaries) | {"batch_size_histogram": summaries[0]["batch_size_histogram"],
@@ -211,10 +226,10 @@ def _execute_request_level(spec: RunSpec, trace=None, phase=lambda text: None) -
              + f", profile {Path(profile_path).name}")
     outcome = RunOutcome(title, summary, results)
     if spec.out is not None:
-        from schedsim.run.report import write_outputs  # pyarrow.csv only when writing
+        from schedsim.run.report import write_outputs
 
         outcome.written = write_outputs(spec.out, results[0], trace.request_id, summary, spec.plot,
-                                        spec.warmup_s, spec.out_format)
+                                        spec.warmup_s, spec.out_format, requests_writer=writing[0])
     return outcome
 
 
