@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_sweep.json")
     args = ap.parse_args()
 
+    from schedsim.cli.main import prepare_run_process
+
+    prepare_run_process()  # as `schedsim sweep` sets itself up, before numpy and pyarrow load
     from schedsim.planning.grid import parse_grid
     from schedsim.planning.objective import parse_objective, parse_slo
     from schedsim.run.runner import RunSpec

@@ -87,10 +87,10 @@ def load_inputs(spec: RunSpec, trace=None) -> RunInputs:
     return RunInputs(trace, Requests.from_trace(trace), policy, params, instances)
 
 
-def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
+def execute(spec: RunSpec, llm=None, phase=None, trace=None) -> RunOutcome:
     """Run ``spec``; ``llm`` (:class:`~schedsim.run.spec.LLMOptions`) holds the LLM-only flags;
-    ``phase(text)``, when given, is told what the run is doing (a progress display)."""
-    trace = None
+    ``phase(text)``, when given, is told what the run is doing (a progress display); ``trace``:
+    ``spec.trace`` already loaded (a sweep's cells share it)."""
     llm = llm or LLMOptions()
     phase = phase or (lambda text: None)
     check_spec(spec)
@@ -101,7 +101,7 @@ def execute(spec: RunSpec, llm=None, phase=None) -> RunOutcome:
         from schedsim.run.llm_runner import execute_llm, is_llm_run
 
         check_spec(spec)
-        trace = prepare_trace(spec)
+        trace = prepare_trace(spec, trace)
         if is_llm_run(spec.policy, trace):
             if slo_terms(spec):
                 raise InputError("--slo/--slo-p99-ms: the capacity under an SLO is for request-level runs; "
