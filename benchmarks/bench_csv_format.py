@@ -4,7 +4,8 @@ ways, and schedsim's own writer (schedsim.run.csv_text), which ``--out`` uses.
     python benchmarks/bench_csv_format.py           # 2,000,000 rows, about 40 s
 
 The per-request table of a 2,000,000-request ``dynamic`` run (``schedsim run --out``) as
-``schedsim.run.report`` builds it. Timed by CPU time (user + system of this process), best
+``schedsim.run.report`` builds it, in a process whose memory is set up as ``schedsim run``
+sets its own (``prepare_run_process``). Timed by CPU time (user + system of this process), best
 of ``--repeat``, on one chunk of rows at a time as the writer formats them:
 
 - pyarrow's CSV writer on the chunk (what ``--out`` ran until csv_text), and the same writer on
@@ -16,9 +17,11 @@ of ``--repeat``, on one chunk of rows at a time as the writer formats them:
   digits through pyarrow.compute (cast the parts to text, strip the fraction's trailing
   zeros, join them with "."), and a decimal128 column on the same integers cast to text
   with its trailing zeros stripped;
-- csv_text (``report.request_rows``, chunks of ``report._TEXT_CHUNK_ROWS``), checked byte for
-  byte against pyarrow's writer on every row, and ``report.write_csv`` of the whole file into
-  a temporary directory (threads and the write included).
+- schedsim's rows (``report.request_rows``, chunks of ``report._TEXT_CHUNK_ROWS``: in C where
+  the extension is built), and the numpy rows of csv_text (``report.request_rows_numpy``, what
+  runs without it), each checked byte for byte against pyarrow's writer on every row, and
+  ``report.write_csv`` of the whole file into a temporary directory (threads and the write
+  included).
 
 Writes benchmarks/results/bench_csv_format.json.
 """
@@ -75,6 +78,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_csv_format.json")
     args = ap.parse_args()
+    from schedsim.cli.main import prepare_run_process
+
+    # Memory as `schedsim run` sets its own: freed blocks reused (each chunk's buffer would
+    # otherwise be fresh pages), numpy's arrays in ordinary pages (numpy is loaded already).
+    prepare_run_process()
+    np._core.multiarray._set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
 
     from schedsim.core.policy import Requests
     from schedsim.core.simulate import simulate
@@ -115,19 +124,25 @@ def main() -> int:
     text_rows = run_report._TEXT_CHUNK_ROWS
     text_chunks = range(0, args.n, text_rows)
 
-    def text():
-        return [run_report.request_rows(result, trace.request_id, s, min(s + text_rows, args.n)) for s in text_chunks]
+    def rows_by(make):
+        def text():
+            return [make(result, trace.request_id, s, min(s + text_rows, args.n)) for s in text_chunks]
+        return text
 
-    # csv_text's rows each begin with a newline: the same bytes as the writer's, shifted by one.
-    ours = b"".join(bytes(c) for c in text())
+    text, text_numpy = rows_by(run_report.request_rows), rows_by(run_report.request_rows_numpy)
     sink = pa.BufferOutputStream()
     for t in tables:
         pacsv.write_csv(t, sink, pacsv.WriteOptions(include_header=False))
     theirs = sink.getvalue().to_pybytes()
-    assert ours[1:] + b"\n" == theirs, "csv_text differs from pyarrow's writer"
-    del ours, theirs, sink
+    for way in (text, text_numpy):
+        # The rows each begin with a newline: the same bytes as the writer's, shifted by one.
+        ours = b"".join(bytes(c) for c in way())
+        assert ours[1:] + b"\n" == theirs, "schedsim's rows differ from pyarrow's writer"
+        del ours
+    del theirs, sink
     parts = run_report.TableParts(args.n, lambda a, b: request_table(result, trace.request_id, a, b),
-                                  lambda a, b: run_report.request_rows(result, trace.request_id, a, b))
+                                  lambda a, b: run_report.request_rows(result, trace.request_id, a, b),
+                                  text_threads=(os.cpu_count() or 1) if run_report._c_request_rows else 1)
 
     def whole_file():
         run_report.write_csv(parts, tmp / "requests.csv")
@@ -162,6 +177,7 @@ def main() -> int:
         "csv_writer_all_columns_s": best_cpu(writer, args.repeat),
         "csv_writer_9_int64_columns_s": best_cpu(writer_ints, args.repeat),
         "csv_text_all_columns_s": best_cpu(text, args.repeat),
+        "csv_text_numpy_all_columns_s": best_cpu(text_numpy, args.repeat),
         "csv_text_write_csv_file_s": best_cpu(whole_file, args.repeat),
         "cast_float_columns_s": best_cpu(cast(floats), args.repeat),
         "cast_integer_columns_s": best_cpu(cast(ints), args.repeat),
@@ -169,12 +185,13 @@ def main() -> int:
         "ns_to_text_via_decimal_3_columns_s": best_cpu(other(digits_via_decimal), args.repeat),
     }
     report = {"benchmark": "bench_csv_format", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": args.n,
-              "chunk_rows": CHUNK, "csv_text_chunk_rows": text_rows, "float_columns": floats, "integer_columns": ints, "pyarrow": pa.__version__,
+              "chunk_rows": CHUNK, "csv_text_chunk_rows": text_rows, "c_rows": run_report._c_request_rows is not None, "float_columns": floats, "integer_columns": ints, "pyarrow": pa.__version__,
               "loadavg_1m_before": load0, "loadavg_1m_after": os.getloadavg()[0], "cpu": timings,
               "ns_per_value": {
                   "csv_writer_per_row": timings["csv_writer_all_columns_s"] / args.n * 1e9,
                   "csv_writer_9_int64_per_row": timings["csv_writer_9_int64_columns_s"] / args.n * 1e9,
                   "csv_text_per_row": timings["csv_text_all_columns_s"] / args.n * 1e9,
+                  "csv_text_numpy_per_row": timings["csv_text_numpy_all_columns_s"] / args.n * 1e9,
                   "csv_text_write_csv_per_row": timings["csv_text_write_csv_file_s"] / args.n * 1e9,
                   "cast_float": timings["cast_float_columns_s"] / values_float * 1e9,
                   "cast_integer": timings["cast_integer_columns_s"] / (args.n * len(ints)) * 1e9,
