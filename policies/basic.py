@@ -33,12 +33,13 @@ class NoBatching(Policy):
         return Decision(launches, wake_on_arrival=len(idle) > take)
 
     def queue_rule(self):
-        return _one_request
-
-
-def _one_request(now_ns: int, head: int, tail: int) -> tuple[int, int, int]:
-    """NoBatching's decision on one idle instance (Policy.queue_rule)."""
-    return (1 if tail > head else 0), NEVER, 1
+        def rule(now_ns: int, head: int, tail: int) -> tuple[int, int, int]:
+            """NoBatching's decision on one idle instance (Policy.queue_rule)."""
+            return (1 if tail > head else 0), NEVER, 1
+        # The dynamic batcher's rule with max_batch_size 1 and no queue delay decides the same
+        # (schedsim.core.compiled_queue runs it compiled).
+        rule.compiled_as = ("dynamic", (1,), 0, 1)
+        return rule
 
 
 class StaticBatching(Policy):
@@ -115,4 +116,5 @@ class StaticBatching(Policy):
                     return 0, (wake if wake > now_ns else NEVER), max(size - queued, 1)
                 return 0, NEVER, max(size - queued, 1)
             return 0, NEVER, 1 if max_wait else size  # with a max wait, the next arrival starts a clock
+        rule.compiled_as = ("static", size, max_wait)  # schedsim.core.compiled_queue
         return rule

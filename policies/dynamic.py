@@ -287,7 +287,7 @@ class DynamicBatcher(Policy):
                 return walked, NEVER, 1                                   # rules 2 and 3
             return 0, oldest + delay, preferred[i] - walked               # rule 4
         # What the driver's compiled loop needs to run this same rule (schedsim.core.compiled_queue).
-        rule.dynamic_batcher = (tuple(preferred), delay, most, max_preferred, arrival)
+        rule.compiled_as = ("dynamic", tuple(preferred), delay, most)
         return rule
 
     # --- forming a batch ------------------------------------------------------------------

@@ -1,5 +1,7 @@
-/* The event-free run of one instance under Triton's dynamic batcher (its common case), in C:
- * simulate.py's _run_queue_rule with policies/dynamic.py's queue rule, CostModel.sample_s,
+/* The event-free run of one instance under Triton's dynamic batcher (its common case), or a
+ * static batcher, in C: simulate.py's _run_queue_rule with the queue rule of
+ * policies/dynamic.py (which NoBatching's is at size 1) or policies/basic.py's StaticBatching,
+ * CostModel.sample_s,
  * CostModel.wake_ns (a constant or a WakeCurve) and power.GpuClock restated, the same
  * arithmetic in the same order (no FMA contraction: setup.py builds with -ffp-contract=off),
  * so the batch log is the Python loop's bit for bit (tests/unit/core/test_compiled_queue.py).
@@ -23,7 +25,9 @@ enum { I_HEAD, I_TAIL, I_NOW, I_NEXT_ARRIVAL, I_FREED, I_CLOCK_AT, I_CLOCK_BUSY_
 /* fstate: the clock's factor and the pull of the running batches. */
 enum { F_FACTOR, F_BUSY_TARGET, F_COUNT };
 /* params: fixed for the run. */
-enum { P_DELAY, P_MOST, P_MAX_PREFERRED, P_HAS_CLOCK, P_WAKE_MODE, P_WAKE_CONST_NS, P_COUNT };
+/* P_DELAY: max_queue_delay_ns, or static's max_wait_ns; P_MOST: max_batch_size, or batch_size. */
+enum { P_DELAY, P_MOST, P_MAX_PREFERRED, P_HAS_CLOCK, P_WAKE_MODE, P_WAKE_CONST_NS, P_RULE, P_COUNT };
+enum { RULE_DYNAMIC = 0, RULE_STATIC = 1 };
 enum { WAKE_CONST = 0, WAKE_CURVE = 1, WAKE_CURVE_RANDOM = 2 };
 /* fparams */
 enum { FP_KM1, FP_RISE, FP_FALL, FP_IDLE, FP_COUNT };
@@ -153,10 +157,25 @@ static int run_loop(const inputs *in, const int64_t *pm, const double *fp, int64
             tail = bisect_right_i64(arrival, tail, n, now);
             next_arrival = tail < n ? arrival[tail] : NEVER;
         }
-        /* The queue rule (policies/dynamic.py, DynamicBatcher.queue_rule). */
         int64_t take = 0, wake = NEVER, need = 1;
         int64_t queued = tail - head;
-        if (queued > 0) {
+        if (pm[P_RULE] == RULE_STATIC) {
+            /* policies/basic.py, StaticBatching.queue_rule */
+            if (queued > 0) {
+                if (queued >= most || tail == n || (delay && now - arrival[head] >= delay)) {
+                    take = queued < most ? queued : most;
+                } else {
+                    if (delay) {
+                        int64_t at = arrival[head] + delay;
+                        wake = at > now ? at : NEVER;
+                    }
+                    need = most - queued > 1 ? most - queued : 1;
+                }
+            } else {
+                need = delay ? 1 : most;
+            }
+        } else if (queued > 0) {
+            /* policies/dynamic.py, DynamicBatcher.queue_rule */
             int send_now = queued > most;
             int64_t walked = send_now ? most : queued;
             Py_ssize_t i = 0;

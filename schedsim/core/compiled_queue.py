@@ -10,15 +10,16 @@ uniform draws) it asks for when it reaches it, so a run draws exactly the number
 exactly the entries the Python loop does.
 
 Covered: a :class:`~schedsim.cost.model.CostModel` itself (a subclass may price otherwise),
-one sample and one seq_len per request, and a queue rule that declares the dynamic batcher's
-parameters (``rule.dynamic_batcher``, set by ``DynamicBatcher.queue_rule``). Anything else,
-or no extension, runs the Python loop. ``tests/unit/core/test_compiled_queue.py`` runs both on
-random traces, settings and profiles and requires equal results.
+one sample and one seq_len per request, and a queue rule that says which compiled rule it is
+(``rule.compiled_as``): ``("dynamic", preferred_batch_sizes, max_queue_delay_ns,
+max_batch_size)``, set by ``DynamicBatcher.queue_rule`` and by ``NoBatching``'s (the dynamic
+batcher's rule at size 1, no delay), or ``("static", batch_size, max_wait_ns)`` by
+``StaticBatching``'s. Anything else, or no extension, runs the Python loop.
+``tests/unit/core/test_compiled_queue.py`` runs both on random traces, settings and profiles
+and requires equal results.
 """
 
 from __future__ import annotations
-
-from array import array
 
 import numpy as np
 
@@ -36,7 +37,9 @@ _DONE, _NEED_UNIFORMS, _NEED_WAKE_DRAWS, _NEED_SIZE, _LOG_FULL = range(5)
 (_HEAD, _TAIL, _NOW, _NEXT_ARRIVAL, _FREED, _CLOCK_AT, _CLOCK_BUSY_UNTIL, _LOG_LEN, _UPOS, _WPOS,
  _SIZE) = range(11)
 _WAKE_CONST, _WAKE_CURVE, _WAKE_CURVE_RANDOM = range(3)
-_BLOCK = 4096  # uniforms drawn at a time, as simulate._uniforms draws them
+_RULES = {"dynamic": 0, "static": 1}
+_BLOCK = 4096  # the first block of uniforms; later ones double, up to _MAX_BLOCK
+_MAX_BLOCK = 1 << 20  # (a Generator's numbers are the same whatever blocks they are drawn in)
 
 
 def available() -> bool:
@@ -45,7 +48,7 @@ def available() -> bool:
 
 def covers(driver, rule) -> bool:
     """Whether this run can take the compiled loop (see the module docstring)."""
-    return (available() and getattr(rule, "dynamic_batcher", None) is not None
+    return (available() and getattr(rule, "compiled_as", (None,))[0] in _RULES
             and type(driver.cost) is CostModel and driver.one_sample_each and driver.one_seq_len is not None
             and driver.uniforms is not driver.rng)
 
@@ -87,8 +90,13 @@ class _SizeTables:
 
 def run(driver, rule) -> None:
     """``driver._run_queue_rule(rule)``, compiled: fills ``driver.log`` and ``driver.delivered``."""
-    preferred, delay, most, max_preferred, arrival = rule.dynamic_batcher
-    arrival = np.ascontiguousarray(arrival, np.int64)
+    kind, *settings = rule.compiled_as
+    if kind == "dynamic":
+        preferred, delay, most = settings
+        max_preferred = preferred[-1]
+    else:  # static: batch_size, max_wait_ns
+        (most, delay), preferred, max_preferred = settings, (), 0
+    arrival = np.ascontiguousarray(driver.arrival_ns, np.int64)
     cost, clock = driver.cost, driver.gpu_clock
     tables = _SizeTables(cost, most, driver.one_seq_len, clock)
     curve = cost.wake_curve
@@ -100,7 +108,7 @@ def run(driver, rule) -> None:
         log_idle, extra_us = np.array(curve._log_idle, float), np.array(curve.extra_us, float)
         probs = np.array(curve.probs if curve.random else [], float)
         extra_q = np.array(curve.extra_q_us if curve.random else [], float).ravel()
-    params = np.array([delay, most, max_preferred, clock is not None, wake_mode, wake_const], np.int64)
+    params = np.array([delay, most, max_preferred, clock is not None, wake_mode, wake_const, _RULES[kind]], np.int64)
     fparams = np.array([float(QUANTILE_POINTS - 1), clock._rise if clock else 1.0, clock._fall if clock else 1.0,
                         clock._idle if clock else 1.0])
     first = int(arrival[0])
@@ -109,8 +117,10 @@ def run(driver, rule) -> None:
     fstate = np.array([clock.factor if clock else 1.0, clock.busy_target if clock else 1.0])
     rng, wake_rng = driver.rng, driver.wake_rng
     uniforms = wake_draws = np.zeros(0)
-    log = np.empty(6 * max(1024, len(arrival) // 8), np.int64)
-    preferred = np.array(preferred, np.int64)
+    # A batch takes a row at least: room for one per row, of which only what is written is
+    # ever touched (and so resident).
+    log = np.empty(6 * len(arrival), np.int64)
+    preferred = np.array(preferred, np.int64).reshape(-1)
     while True:
         code = _queue_run.run(arrival, preferred, tables.prepared, tables.constant, tables.has_q1, tables.value,
                               tables.q0, tables.q1, tables.weight, tables.dispatch, tables.steady,
@@ -121,14 +131,14 @@ def run(driver, rule) -> None:
         if code == _NEED_SIZE:
             tables.prepare(int(istate[_SIZE]))
         elif code == _NEED_UNIFORMS:
-            uniforms, istate[_UPOS] = rng.random(_BLOCK), 0
+            uniforms, istate[_UPOS] = rng.random(min(max(_BLOCK, 2 * len(uniforms)), _MAX_BLOCK)), 0
         elif code == _NEED_WAKE_DRAWS:
-            wake_draws, istate[_WPOS] = wake_rng.random(_BLOCK), 0
+            wake_draws, istate[_WPOS] = wake_rng.random(min(max(_BLOCK, 2 * len(wake_draws)), _MAX_BLOCK)), 0
         elif code == _LOG_FULL:
             log = np.concatenate([log, np.empty_like(log)])
         else:
             raise RuntimeError(f"compiled queue loop: unexpected code {code}")
-    driver.log = array("q", log[:istate[_LOG_LEN]].tobytes())
+    driver.log = log[:istate[_LOG_LEN]]  # the driver reads it as it reads its own array("q")
     driver.delivered = int(istate[_TAIL])
     if clock is not None:
         clock.factor, clock.busy_target = float(fstate[0]), float(fstate[1])

@@ -468,7 +468,7 @@ class _Driver:
             self.decisions.append((now, reject.reason, -1, tuple(int(r) for r in rows)))
 
     def _result(self) -> SimResult:
-        b = np.frombuffer(self.log, np.int64).reshape(-1, 6) if self.log else np.empty((0, 6), np.int64)
+        b = np.frombuffer(self.log, np.int64).reshape(-1, 6) if len(self.log) else np.empty((0, 6), np.int64)
         counts = b[:, 4]
         if self._ran_every_row_in_order(b):
             # Batch k ran rows [c_k, c_k + counts[k]): each column repeats the batch log.

@@ -1,6 +1,7 @@
-"""The compiled loop of the dynamic batcher (schedsim.core.compiled_queue) gives the Python
-loop's results bit for bit: every per-request and per-batch column, the warnings, the errors,
-on random traces, batcher settings, profiles, spreads, wake-up costs and power caps."""
+"""The compiled loop of the dynamic, static and no-batching rules (schedsim.core.compiled_queue)
+gives the Python loop's results bit for bit: every per-request and per-batch column, the
+warnings, the errors, on random traces, batcher settings, profiles, spreads, wake-up costs and
+power caps."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import DynamicBatcher
+from policies import DynamicBatcher, NoBatching, StaticBatching
 from schedsim.core import compiled_queue
 from schedsim.core.policy import Requests
 from schedsim.core.simulate import simulate
@@ -105,7 +106,13 @@ def runs(draw):
     wake = draw(st.sampled_from(["profile", "constant", "mean curve", "quantile curve"]))
     power_cap = draw(st.booleans())
 
+    kind = draw(st.sampled_from(["dynamic", "dynamic", "static", "none"]))
+
     def make_policy():
+        if kind == "static":
+            return StaticBatching(batch_size=most, max_wait_us=delay)
+        if kind == "none":
+            return NoBatching()
         return DynamicBatcher(max_batch_size=most, preferred_batch_sizes=preferred, max_queue_delay_us=delay)
 
     def make_cost():
@@ -132,9 +139,9 @@ def test_it_runs_where_it_covers_and_not_elsewhere(monkeypatch):
     monkeypatch.setattr(compiled_queue, "run", counting)
     cost = cost_model("bert-base-fp16-cg-h200.csv", "auto", False, "profile", True)
     arrivals = np.arange(50) * 1e-4
-    simulate(Requests.from_trace(Trace.from_arrivals(arrivals, seq_len=[128] * 50)),
-             DynamicBatcher(max_batch_size=8, max_queue_delay_us=100), cost)
-    assert taken == [1]
+    for policy in (DynamicBatcher(max_batch_size=8, max_queue_delay_us=100), NoBatching(), StaticBatching(4, 50)):
+        simulate(Requests.from_trace(Trace.from_arrivals(arrivals, seq_len=[128] * 50)), policy, cost)
+    assert taken == [1, 1, 1]
 
     class Priced(CostModel):
         pass
@@ -148,7 +155,7 @@ def test_it_runs_where_it_covers_and_not_elsewhere(monkeypatch):
             (Requests.from_trace(Trace.from_arrivals(arrivals, seq_len=[128] * 50)),
              DynamicBatcher(max_batch_size=8, max_queue_delay_us=100), cost, 2)]:
         simulate(req, policy, model, instances=instances)
-    assert taken == [1]
+    assert taken == [1, 1, 1]
 
 
 def test_a_size_the_profile_does_not_cover_fails_as_in_python():
@@ -161,11 +168,11 @@ def test_a_size_the_profile_does_not_cover_fails_as_in_python():
     assert_same(compiled, python)
 
 
-def test_a_long_run_fills_the_log_past_its_first_size_and_many_draw_blocks():
+def test_a_long_run_draws_many_blocks_of_uniforms():
     rng = np.random.default_rng(3)
     n = 60_000
     req = Requests.from_trace(Trace.from_arrivals(np.cumsum(rng.exponential(1 / 9000, n)), seq_len=[128] * n))
     compiled, python = both(req, lambda: DynamicBatcher(max_batch_size=4, max_queue_delay_us=0),
                             lambda: cost_model("bert-base-fp16-cg-h200.csv", "auto", False, "profile", True), 7)
-    assert len(compiled[0].batch_start_ns) > 3 * 4096  # several uniform blocks, a grown log
+    assert len(compiled[0].batch_start_ns) > 3 * 4096  # blocks of 4,096, 8,192, ...
     assert_same(compiled, python)
