@@ -245,7 +245,7 @@ def prepare_run_process() -> None:
     before numpy and pyarrow load (each described below): freed memory kept for reuse, one
     OpenBLAS thread, pyarrow's buffers from malloc, numpy's arrays in ordinary pages. Values the
     user set are kept. A sweep's cells are runs one after another: 100 cells of 1,000,000
-    requests took 5.85-6.25 s on one worker against 6.72-7.05 s with glibc's defaults, and two
+    requests took 5.57-5.75 s on one worker against 6.72-7.05 s with glibc's defaults, and two
     forked workers (which inherit the settings) gained more (benchmarks/README.md, bench_sweep)."""
     _reuse_freed_memory()
     _one_blas_thread()

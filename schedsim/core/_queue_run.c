@@ -17,6 +17,7 @@
 
 #define NEVER INT64_MAX
 
+/* LOG_FULL guards the log's bounds; the caller sizes it for one batch a row, so it is not reached. */
 enum { DONE = 0, NEED_UNIFORMS = 1, NEED_WAKE_DRAWS = 2, NEED_SIZE = 3, LOG_FULL = 4 };
 
 /* istate: the loop's integers, read and written back. */
@@ -284,7 +285,7 @@ static int run_loop(const inputs *in, const int64_t *pm, const double *fp, int64
     return code;
 }
 
-#define N_BUFFERS 24
+#define N_BUFFERS 23
 
 static PyObject *run(PyObject *self, PyObject *args) {
     /* arrival, preferred, prepared, constant, has_q1, value, q0, q1, weight, dispatch, steady,
@@ -324,7 +325,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
         out = PyLong_FromLong(code);
     }
-    for (int j = 0; j < 23; j++)
+    for (int j = 0; j < N_BUFFERS; j++)
         PyBuffer_Release(&b[j]);
     return out;
 }

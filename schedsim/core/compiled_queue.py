@@ -33,7 +33,7 @@ except ImportError:  # not built (no C compiler at install): the Python loop run
 ENABLED = True
 """False: every run takes the Python loop (for comparing the two)."""
 
-_DONE, _NEED_UNIFORMS, _NEED_WAKE_DRAWS, _NEED_SIZE, _LOG_FULL = range(5)
+_DONE, _NEED_UNIFORMS, _NEED_WAKE_DRAWS, _NEED_SIZE = range(4)
 (_HEAD, _TAIL, _NOW, _NEXT_ARRIVAL, _FREED, _CLOCK_AT, _CLOCK_BUSY_UNTIL, _LOG_LEN, _UPOS, _WPOS,
  _SIZE) = range(11)
 _WAKE_CONST, _WAKE_CURVE, _WAKE_CURVE_RANDOM = range(3)
@@ -134,9 +134,7 @@ def run(driver, rule) -> None:
             uniforms, istate[_UPOS] = rng.random(min(max(_BLOCK, 2 * len(uniforms)), _MAX_BLOCK)), 0
         elif code == _NEED_WAKE_DRAWS:
             wake_draws, istate[_WPOS] = wake_rng.random(min(max(_BLOCK, 2 * len(wake_draws)), _MAX_BLOCK)), 0
-        elif code == _LOG_FULL:
-            log = np.concatenate([log, np.empty_like(log)])
-        else:
+        else:  # 4, the log full: a batch takes a row at least, so the log has room for every one
             raise RuntimeError(f"compiled queue loop: unexpected code {code}")
     driver.log = log[:istate[_LOG_LEN]]  # the driver reads it as it reads its own array("q")
     driver.delivered = int(istate[_TAIL])

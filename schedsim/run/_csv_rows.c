@@ -68,17 +68,17 @@ static char *put_decimal(char *p, int64_t k, int digits, int64_t scale) {
     if (frac) {
         *p++ = '.';
         /* digits 9: d | dddd | dddd; digits 6: dd | dddd (the groups computed independently) */
-        int64_t top = frac / 100000000 * (digits == 9), mid = frac / 10000 % 10000, low = frac % 10000;
+        int64_t low = frac % 10000;
         if (digits == 9) {
-            *p++ = (char)('0' + top);
-            memcpy(p, digit_quads + 4 * mid, 4);
-            memcpy(p + 4, digit_quads + 4 * low, 4);
-            p += 8;
+            *p++ = (char)('0' + frac / 100000000);
+            memcpy(p, digit_quads + 4 * (frac / 10000 % 10000), 4);
+            p += 4;
         } else {
             memcpy(p, digit_pairs + 2 * (frac / 10000), 2);
-            memcpy(p + 2, digit_quads + 4 * low, 4);
-            p += 6;
+            p += 2;
         }
+        memcpy(p, digit_quads + 4 * low, 4);
+        p += 4;
         while (p[-1] == '0') /* the fraction's trailing zeros off */
             p--;
     }

@@ -3,12 +3,14 @@ writing it at the end, and none left behind by a run that fails meanwhile."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from schedsim.errors import InputError
 from schedsim.run import runner
+from schedsim.run.report import write_outputs
 from schedsim.run.spec import RunSpec
 
 TRACE = Path(__file__).resolve().parents[3] / "traces" / "poisson_2000rps.csv"
@@ -21,8 +23,7 @@ def test_written_early_or_at_the_end_the_files_are_the_same(tmp_path, monkeypatc
 
     def without_early_writer(spec, *args):
         writing = args[-1]
-        outcome = real(spec.__class__(**{**spec.__dict__, "out": None}), *args)
-        from schedsim.run.report import write_outputs
+        outcome = real(dataclasses.replace(spec, out=None), *args)
         outcome.written = write_outputs(spec.out, outcome.results[0], args[0].trace.request_id, outcome.summary,
                                         fmt=spec.out_format)
         assert writing == []
